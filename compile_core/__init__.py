@@ -1,0 +1,1 @@
+"""Pure-torch core of TorchCompileSpeed: no ComfyUI imports, testable with an nn.Module alone."""

@@ -1,0 +1,133 @@
+"""Compile a diffusion model's regions and run them, scoped, reused and safe.
+
+``prepare()`` decides *what* to compile (regions), finds or builds the compiled callable
+(reuse registry) and returns a ``CompiledModel``. ``CompiledModel.run()`` wraps one model
+call: it attaches the compiled callable to the region modules (``_compiled_call_impl``, the
+hook ``nn.Module.compile()`` uses, so state_dict keys stay clean), applies the scoped
+knobs, and detaches everything afterwards, so the shared model is untouched between calls.
+A compile failure is reported once and the call (and later ones) run eagerly.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from . import fallback, log, scoped, warmup
+from .fingerprint import fingerprint
+from .regions import RegionPlan, plan_regions
+from .registry import REGISTRY, CompiledEntry, ReuseRegistry
+from .settings import CompileSettings
+
+_COMPILE_PARAMS = set(inspect.signature(torch.compile).parameters)
+
+
+def make_compiled_call(settings: CompileSettings) -> Callable:
+    """One ``torch.compile`` object over ``nn.Module._call_impl``; dynamo compiles each region's
+    ``forward`` frame, so identical blocks share graphs."""
+    kwargs = settings.compile_kwargs()
+    # Give each compile its own recompile budget where this torch supports it, so our
+    # regions neither consume nor are starved by other compiles of the same code.
+    if "isolate_recompiles" in _COMPILE_PARAMS:
+        kwargs["isolate_recompiles"] = True
+    if "recompile_limit" in _COMPILE_PARAMS:
+        kwargs["recompile_limit"] = settings.cache_size_limit
+    return torch.compile(nn.Module._call_impl, **kwargs)
+
+
+@contextlib.contextmanager
+def attached(modules: list[nn.Module], compiled: Callable) -> Iterator[None]:
+    """Route each module's ``__call__`` through ``compiled`` for the duration of the block."""
+    saved = []
+    try:
+        for m in modules:
+            saved.append((m, m.__dict__.get("_compiled_call_impl", _MISSING)))
+            m.__dict__["_compiled_call_impl"] = functools.partial(compiled, m)
+        yield
+    finally:
+        for m, prev in saved:
+            if prev is _MISSING:
+                m.__dict__.pop("_compiled_call_impl", None)
+            else:
+                m.__dict__["_compiled_call_impl"] = prev
+
+
+_MISSING = object()
+
+
+def _graph_count() -> int:
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+@dataclasses.dataclass
+class CompiledModel:
+    settings: CompileSettings
+    plan: RegionPlan
+    entry: CompiledEntry
+    reused: bool
+    description: str
+    ptx_cache_dir: Path | None = None
+    _warmed: bool = False
+
+    @property
+    def fingerprint(self) -> str:
+        return self.entry.fingerprint
+
+    def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device):
+        """Run ``call`` (one model evaluation) with the regions compiled; eager on failure."""
+        if self.entry.failed:
+            return call()
+        on_cuda = device.type == "cuda"
+        env = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
+        graphs_before, start = _graph_count(), time.perf_counter()
+        try:
+            with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env), \
+                    attached(self.plan.modules(diffusion_model), self.entry.compiled):
+                if env and not self._warmed and self.settings.warmup_runs:
+                    secs = warmup.warm(call, self.settings.warmup_runs, device)
+                    log.info("warmed Triton kernels %d time(s) on %s in %.1f s",
+                             self.settings.warmup_runs, device, secs)
+                self._warmed = True
+                out = call()
+        except Exception as exc:  # noqa: BLE001 - classified right below
+            if not fallback.is_compile_failure(exc):
+                raise
+            self.entry.failed = fallback.explain(exc)
+            log.warning("torch.compile failed, so this model now runs eagerly (output unchanged). %s",
+                        self.entry.failed)
+            return call()
+        self._record(time.perf_counter() - start, _graph_count() - graphs_before)
+        return out
+
+    def _record(self, seconds: float, new_graphs: int) -> None:
+        e = self.entry
+        e.runs += 1
+        if new_graphs:
+            e.graphs += new_graphs
+            e.compile_seconds += seconds
+            what = "compiled" if e.runs == 1 else "recompiled"
+            log.info("%s %s: %d graph(s) in %.1f s", what, self.description, new_graphs, seconds)
+
+
+def prepare(diffusion_model: nn.Module, settings: CompileSettings,
+            registry: ReuseRegistry = REGISTRY, ptx_cache_dir: Path | None = None) -> CompiledModel:
+    """Plan regions and find (reuse_if_similar) or build the compiled callable for this model."""
+    plan = plan_regions(diffusion_model, settings.blocks_only)
+    fp = fingerprint(diffusion_model, plan, settings)
+    factory = functools.partial(make_compiled_call, settings)
+    if settings.reuse_if_similar:
+        entry, reused = registry.get_or_create(fp, factory)
+    else:
+        entry, reused = CompiledEntry(fp, factory()), False
+    description = plan.describe(diffusion_model)
+    log.info("%s %s [%s, mode=%s, fingerprint %s]", "reusing compiled" if reused else "will compile",
+             description, settings.backend, settings.mode, fp[:12])
+    return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir)

@@ -1,0 +1,78 @@
+"""Which modules of a diffusion model get compiled: its repeated blocks (regional) or all of it.
+
+Regions are declared as data: the attribute names that hold a model family's repeated
+transformer blocks. Identical blocks run the same ``forward`` code object, so one compiled
+graph serves all of them and the cold compile cost does not grow with depth.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from . import log
+
+# Diffusion-model class name (matched anywhere in the MRO) -> attributes holding its blocks.
+BLOCK_ATTRS: dict[str, tuple[str, ...]] = {
+    "WanModel": ("blocks", "vace_blocks"),           # WAN 2.1/2.2 (+ VACE, camera, S2V)
+    "Flux": ("double_blocks", "single_blocks"),
+    "Chroma": ("double_blocks", "single_blocks"),
+    "HunyuanVideo": ("double_blocks", "single_blocks"),
+    "LTXVModel": ("transformer_blocks",),
+    "QwenImageTransformer2DModel": ("transformer_blocks",),
+    "UNetModel": ("input_blocks", "middle_block", "output_blocks"),  # SD 1.x / SDXL
+}
+WHOLE_MODEL = ""  # region path meaning "the diffusion model itself"
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionPlan:
+    """Dotted paths (relative to the diffusion model) of the modules to compile."""
+    paths: tuple[str, ...]
+    family: str  # the BLOCK_ATTRS key that matched, or "" for a whole-model compile
+
+    @property
+    def regional(self) -> bool:
+        return self.paths != (WHOLE_MODEL,)
+
+    def modules(self, diffusion_model: nn.Module) -> list[nn.Module]:
+        return [diffusion_model.get_submodule(p) if p else diffusion_model for p in self.paths]
+
+    def describe(self, diffusion_model: nn.Module) -> str:
+        if not self.regional:
+            return f"whole model ({type(diffusion_model).__name__})"
+        counts: dict[str, int] = {}
+        for m in self.modules(diffusion_model):
+            counts[type(m).__name__] = counts.get(type(m).__name__, 0) + 1
+        return ", ".join(f"{n} x{c}" for n, c in counts.items())
+
+
+def family_of(diffusion_model: nn.Module) -> str:
+    for cls in type(diffusion_model).__mro__:
+        if cls.__name__ in BLOCK_ATTRS:
+            return cls.__name__
+    return ""
+
+
+def plan_regions(diffusion_model: nn.Module, blocks_only: bool) -> RegionPlan:
+    """Regional plan for known families when ``blocks_only``; otherwise the whole model."""
+    if not blocks_only:
+        return RegionPlan((WHOLE_MODEL,), "")
+    family = family_of(diffusion_model)
+    paths: list[str] = []
+    for attr in BLOCK_ATTRS.get(family, ()):
+        holder = getattr(diffusion_model, attr, None)
+        if isinstance(holder, (nn.ModuleList, nn.Sequential)) and not _is_block(holder):
+            paths += [f"{attr}.{i}" for i in range(len(holder))]
+        elif isinstance(holder, nn.Module):
+            paths.append(attr)
+    if not paths:
+        log.info("no known transformer blocks in %s; compiling the whole diffusion model instead",
+                 type(diffusion_model).__name__)
+        return RegionPlan((WHOLE_MODEL,), "")
+    return RegionPlan(tuple(paths), family)
+
+
+def _is_block(container: nn.Module) -> bool:
+    """A Sequential that is itself a block (SD's TimestepEmbedSequential), not a list of blocks."""
+    return isinstance(container, nn.Sequential) and type(container) is not nn.Sequential

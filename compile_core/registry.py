@@ -1,0 +1,59 @@
+"""The reuse cache: compiled callables by fingerprint, bounded, and holding no model.
+
+A ``CompiledEntry`` owns one ``torch.compile`` object. Its callable is not bound to any
+module (it compiles ``nn.Module._call_impl`` and is attached per call), so the registry
+never keeps a model alive, and every model with the same fingerprint shares its graphs.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Callable
+
+DEFAULT_MAX_ENTRIES = 16
+
+
+@dataclasses.dataclass
+class CompiledEntry:
+    fingerprint: str
+    compiled: Callable
+    failed: str = ""           # reason compile was abandoned (then the model runs eagerly)
+    runs: int = 0              # compiled apply_model calls
+    graphs: int = 0            # dynamo graphs compiled for it (first run + recompiles)
+    compile_seconds: float = 0.0
+    reuses: int = 0            # applies that found this entry already built
+
+
+class ReuseRegistry:
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES):
+        self.max_entries = max_entries
+        self._entries: "collections.OrderedDict[str, CompiledEntry]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_or_create(self, fingerprint: str, factory: Callable[[], Callable]) -> tuple[CompiledEntry, bool]:
+        """Return (entry, reused). New entries evict the least recently used past the bound."""
+        with self._lock:
+            entry = self._entries.get(fingerprint)
+            if entry is not None:
+                self._entries.move_to_end(fingerprint)
+                entry.reuses += 1
+                return entry, True
+            entry = CompiledEntry(fingerprint, factory())
+            self._entries[fingerprint] = entry
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+            return entry, False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, fingerprint: str) -> bool:
+        return fingerprint in self._entries
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+REGISTRY = ReuseRegistry()

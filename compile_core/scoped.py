@@ -1,0 +1,80 @@
+"""The one place that changes global torch state, and only for the duration of a ``with`` block.
+
+Dynamo/inductor knobs go through torch's own ``config.patch`` (which restores on exit);
+environment variables are set and restored here. A knob this torch does not have gets
+one warning and is skipped. Inductor ``freezing`` is forced off inside every scope: it
+bakes weights into the graph, so LoRA patches would be silently ignored.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator, Mapping
+
+import torch
+import torch._dynamo.config as dynamo_config
+import torch._inductor.config as inductor_config
+
+from . import log
+
+ALWAYS_INDUCTOR = {"freezing": False}
+# Environment variables the pack may set during a run (snapshot() covers them).
+PACK_ENV_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE")
+
+
+def _known(config_module, knobs: Mapping[str, object], label: str) -> dict:
+    have = config_module.get_config_copy().keys()
+    out = {}
+    for name, value in knobs.items():
+        if name in have:
+            out[name] = value
+        else:
+            log.warn_once(f"knob:{label}.{name}",
+                          "this torch has no %s.%s; ignoring it", label, name)
+    return out
+
+
+@contextlib.contextmanager
+def scoped_state(dynamo: Mapping[str, object] | None = None,
+                 inductor: Mapping[str, object] | None = None,
+                 env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Apply dynamo/inductor knobs and env vars inside the block; restore all of them after."""
+    d = _known(dynamo_config, dynamo or {}, "torch._dynamo.config")
+    i = _known(inductor_config, {**(inductor or {}), **ALWAYS_INDUCTOR}, "torch._inductor.config")
+    saved_env = {k: os.environ.get(k) for k in (env or {})}
+    try:
+        os.environ.update(env or {})
+        with dynamo_config.patch(d), inductor_config.patch(i):
+            yield
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def knobs_for(settings, on_cuda: bool) -> dict[str, dict]:
+    """The scoped knobs a ``CompileSettings`` asks for (see README: Settings reference)."""
+    dynamo = {
+        "recompile_limit": settings.cache_size_limit,
+        "accumulated_recompile_limit": max(settings.recompile_limit, settings.cache_size_limit),
+        "force_parameter_static_shapes": settings.force_parameter_static_shapes,
+    }
+    inductor: dict[str, object] = {}
+    if settings.speed_preset and on_cuda:
+        inductor["coordinate_descent_tuning"] = True
+    if settings.experimental_ptx and on_cuda and settings.ptx_fast_math:
+        inductor["use_fast_math"] = True
+    return {"dynamo": dynamo, "inductor": inductor}
+
+
+def snapshot() -> dict:
+    """Global state a compile could leak: configs, the pack's env vars, matmul precision flags."""
+    return {
+        "dynamo": dynamo_config.get_config_copy(),
+        "inductor": inductor_config.get_config_copy(),
+        "env": {k: os.environ.get(k) for k in PACK_ENV_VARS},
+        "tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                 torch.get_float32_matmul_precision()),
+    }

@@ -1,0 +1,44 @@
+"""Apply Torch Compile: MODEL + WANCOMPILEARGS -> a compiled clone of MODEL."""
+from __future__ import annotations
+
+from ..compile_core import engine, fallback, log
+from ..compile_core.paths import allowed_roots, resolve_cache_dir
+from ..compile_core.settings import CompileSettings
+
+
+class ApplyTorchCompile:
+    CATEGORY = "optimization"
+    RETURN_TYPES = ("MODEL",)
+    RETURN_NAMES = ("model",)
+    FUNCTION = "apply"
+    DESCRIPTION = ("Compiles the model's transformer blocks (or the whole diffusion model) with "
+                   "torch.compile on a clone: other branches that use the input model stay eager. "
+                   "If compiling fails, the model runs eagerly and the log says why.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("MODEL", {"tooltip": "The diffusion model to compile (it is cloned, never changed)."}),
+            "compile_args": ("WANCOMPILEARGS", {"tooltip": "From 'Torch Compile Speed Settings' "
+                                                           "(or WanVideoWrapper's compile settings)."}),
+        }}
+
+    def apply(self, model, compile_args):
+        from . import comfy_bridge  # the one module that touches ComfyUI internals
+
+        settings = CompileSettings.from_args(compile_args)  # bad input: clear error, nothing changed
+        ptx_dir = None
+        if settings.experimental_ptx:
+            user = comfy_bridge.user_directory()
+            roots = allowed_roots(user, comfy_bridge.temp_directory())
+            ptx_dir = resolve_cache_dir(settings.ptx_cache_dir, user, roots)
+        try:
+            compiled = engine.prepare(comfy_bridge.diffusion_model(model), settings,
+                                      ptx_cache_dir=ptx_dir)
+        except Exception as exc:  # noqa: BLE001
+            if not fallback.is_compile_failure(exc):
+                raise
+            log.warning("torch.compile could not be set up, so the model stays eager. %s",
+                        fallback.explain(exc))
+            return (model,)
+        return (comfy_bridge.with_compile_wrapper(model, compiled),)

@@ -1,0 +1,40 @@
+"""The only module that touches ComfyUI internals (ModelPatcher wrappers, folder_paths).
+
+The compiled model is installed as an ``APPLY_MODEL`` wrapper on a *clone* of the
+ModelPatcher, the same mechanism ComfyUI core's TorchCompileModel uses, so the input
+model, the other graph branches and the state_dict keys stay untouched.
+"""
+from __future__ import annotations
+
+import comfy.patcher_extension as patcher_extension
+import folder_paths
+
+WRAPPER_KEY = "torch_compile_speed"
+CORE_COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers' key
+
+
+def diffusion_model(model_patcher):
+    return model_patcher.get_model_object("diffusion_model")
+
+
+def with_compile_wrapper(model_patcher, compiled):
+    clone = model_patcher.clone()
+    apply_model = patcher_extension.WrappersMP.APPLY_MODEL
+    clone.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
+    clone.remove_wrappers_with_key(apply_model, CORE_COMPILE_KEY)  # never compile twice
+
+    def torch_compile_speed_wrapper(executor, *args, **kwargs):
+        base_model = executor.class_obj
+        x = args[0] if args else kwargs["x"]
+        return compiled.run(base_model.diffusion_model, lambda: executor(*args, **kwargs), x.device)
+
+    clone.add_wrapper_with_key(apply_model, WRAPPER_KEY, torch_compile_speed_wrapper)
+    return clone
+
+
+def user_directory() -> str:
+    return folder_paths.get_user_directory()
+
+
+def temp_directory() -> str:
+    return folder_paths.get_temp_directory()

@@ -1,0 +1,79 @@
+"""Torch Compile Speed Settings: widgets in, a WANCOMPILEARGS dict out (no ComfyUI imports)."""
+from __future__ import annotations
+
+from ..compile_core.settings import UI_MODES, backend_choices, build_compile_args
+
+# Order matters: UI-format workflows store widget values by position. The first twelve
+# inputs are the original pack's, in its order and with its defaults; new ones go last.
+_TIPS = {
+    "backend": "torch.compile backend. 'inductor' generates fused kernels (Triton on GPU, C++ on CPU); "
+               "'cudagraphs' only records CUDA graphs. Other registered backends follow.",
+    "fullgraph": "Require one graph per compiled region; a graph break becomes an error instead of a "
+                 "split. Leave off unless you are debugging.",
+    "mode": "torch.compile mode. 'speed' = inductor + max-autotune-no-cudagraphs + dynamic shapes "
+            "(the original pack's preset); it is translated before the dict leaves this node.",
+    "dynamic": "Compile with symbolic shapes so new resolutions/frame counts reuse the graph "
+               "(mode 'speed' turns this on).",
+    "dynamo_cache_size_limit": "Recompiles allowed per compiled function before torch silently runs "
+                               "that code eagerly (torch._dynamo recompile_limit), only during the run.",
+    "compile_transformer_blocks_only": "Regional compile: compile each repeated transformer block "
+                                       "(identical blocks share one graph, so compile time does not "
+                                       "grow with depth). Off = compile the whole diffusion model.",
+    "reuse_if_similar": "Reuse compiled work when a model with the same structure and settings was "
+                        "compiled before in this server (e.g. the same checkpoint loaded again).",
+    "experimental_ptx": "CUDA only: keep Triton/PTX kernels in ptx_cache_dir and warm the model's own "
+                        "kernels before sampling. Skipped (with one log line) without CUDA.",
+    "ptx_fast_math": "With experimental_ptx on CUDA: let inductor use fast-math Triton kernels "
+                     "(slightly less precise, faster), where this torch has the knob.",
+    "warmup_runs": "With experimental_ptx on CUDA: how many warm-up runs of the compiled model "
+                   "happen on the first real inputs before sampling continues.",
+    "ptx_cache_dir": "Triton kernel cache for experimental_ptx. Relative paths live under ComfyUI's "
+                     "user directory; paths outside the allowed roots are refused. Empty = user/triton.",
+    "dynamo_recompile_limit": "Total recompiles allowed across all compiled code "
+                              "(torch._dynamo accumulated_recompile_limit), only during the run.",
+    "force_parameter_static_shapes": "Treat parameter shapes as static (torch default True). "
+                                     "Passed to WanVideoWrapper as-is; applied only during the run.",
+    "allow_unmerged_lora_compile": "WanVideoWrapper: allow compile with unmerged LoRAs. Native ComfyUI "
+                                   "merges LoRA into the weights, which compile handles without it.",
+}
+
+
+def _tip(name: str, spec: tuple) -> tuple:
+    opts = dict(spec[1]) if len(spec) > 1 else {}
+    opts["tooltip"] = _TIPS[name]
+    return (spec[0], opts)
+
+
+class TorchCompileSpeedSettings:
+    CATEGORY = "optimization"
+    RETURN_TYPES = ("WANCOMPILEARGS",)
+    RETURN_NAMES = ("torch_compile_args",)
+    FUNCTION = "build"
+    DESCRIPTION = ("Settings for torch.compile. Feed the output to 'Apply Torch Compile', or to "
+                   "ComfyUI-WanVideoWrapper's compile_args input, which accepts it unchanged.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        required = {
+            "backend": (backend_choices(), {"default": "inductor"}),
+            "fullgraph": ("BOOLEAN", {"default": False}),
+            "mode": (list(UI_MODES), {"default": "speed"}),
+            "dynamic": ("BOOLEAN", {"default": False}),
+            "dynamo_cache_size_limit": ("INT", {"default": 64, "min": 0, "max": 1024, "step": 1}),
+            "compile_transformer_blocks_only": ("BOOLEAN", {"default": True}),
+            "reuse_if_similar": ("BOOLEAN", {"default": True}),
+            "experimental_ptx": ("BOOLEAN", {"default": False}),
+            "ptx_fast_math": ("BOOLEAN", {"default": True}),
+            "warmup_runs": ("INT", {"default": 1, "min": 0, "max": 5, "step": 1}),
+        }
+        optional = {
+            "ptx_cache_dir": ("STRING", {"default": ""}),
+            "dynamo_recompile_limit": ("INT", {"default": 128, "min": 0, "max": 1024, "step": 1}),
+            "force_parameter_static_shapes": ("BOOLEAN", {"default": False}),
+            "allow_unmerged_lora_compile": ("BOOLEAN", {"default": False}),
+        }
+        return {"required": {k: _tip(k, v) for k, v in required.items()},
+                "optional": {k: _tip(k, v) for k, v in optional.items()}}
+
+    def build(self, **inputs):
+        return (build_compile_args(**inputs),)

@@ -1,0 +1,55 @@
+"""Fixtures for the real-ComfyUI integration tests (see harness.py). Every test here is ``host``."""
+from pathlib import Path
+
+import pytest
+
+from harness import ComfyHost, make_tiny_wan
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "host: integration test against a real ComfyUI server")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.host)
+
+
+@pytest.fixture(scope="session")
+def tiny_wan_path():
+    """Path of the cached 2-layer dim-256 tiny WAN checkpoint."""
+    return make_tiny_wan(num_layers=2, dim=256, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_wan(tiny_wan_path):
+    """UNETLoader name of the 2-layer dim-256 tiny WAN (linked into every host's models)."""
+    return tiny_wan_path.name
+
+
+@pytest.fixture(scope="session")
+def comfy_host(tmp_path_factory, tiny_wan_path):
+    """One ComfyUI server shared by the whole session (SDPA attention, OMP_NUM_THREADS=1)."""
+    host = ComfyHost(tmp_path_factory.mktemp("comfy_session"), models=[tiny_wan_path])
+    with host:
+        yield host
+
+
+@pytest.fixture
+def make_host(tmp_path_factory, tiny_wan_path):
+    """Factory for a test's own server: ``make_host(env={...}, extra_args=[...])``; not started
+    unless ``start=True`` (default). Every host it made is stopped after the test."""
+    hosts = []
+
+    def factory(start=True, **kw):
+        kw.setdefault("models", [tiny_wan_path])
+        host = ComfyHost(tmp_path_factory.mktemp("comfy_host"), **kw)
+        hosts.append(host)
+        return host.start() if start else host
+
+    yield factory
+    for host in hosts:
+        host.stop()

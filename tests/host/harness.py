@@ -1,0 +1,430 @@
+"""Real-ComfyUI test harness: a tiny WAN model, a ComfyUI server process, workflow builders.
+
+No pytest here; ``conftest.py`` wraps it in fixtures. The server is the ComfyUI copy made by
+``scripts/bootstrap.sh`` (``.host/comfyui``), run on CPU with this pack and the test-only node
+pack ``tcs_test_nodes`` symlinked into its ``custom_nodes``.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import weakref
+from pathlib import Path
+
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMFY_DIR = REPO_ROOT / ".host" / "comfyui"
+MODEL_CACHE = REPO_ROOT / ".host" / "models"
+TEST_NODES_DIR = Path(__file__).resolve().parent / "tcs_test_nodes"
+PACK_NAME = "TorchCompileSpeed"
+_VENV_PY = REPO_ROOT / ".venv" / "bin" / "python"
+PYTHON = str(_VENV_PY) if _VENV_PY.exists() else sys.executable
+
+
+# --------------------------------------------------------------------------- tiny WAN model
+
+def tiny_wan_name(num_layers=2, dim=256, seed=0) -> str:
+    return f"tcs_tiny_wan_l{num_layers}_d{dim}_s{seed}.safetensors"
+
+
+def make_tiny_wan(path=None, num_layers=2, dim=256, seed=0) -> Path:
+    """Return a tiny WAN 2.1 T2V checkpoint, generated once into ``.host/models/``.
+
+    With ``path`` the cached file is also symlinked there (``path`` is returned then).
+    """
+    if dim % 128:
+        raise ValueError("ComfyUI detects num_heads = dim // 128, so dim must be a multiple of 128")
+    cached = MODEL_CACHE / tiny_wan_name(num_layers, dim, seed)
+    if not cached.exists():
+        MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp{os.getpid()}")
+        cmd = [PYTHON, str(Path(__file__).resolve()), "make-tiny-wan", str(tmp),
+               str(num_layers), str(dim), str(seed)]
+        proc = subprocess.run(cmd, cwd=COMFY_DIR, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"tiny WAN generation failed:\n{proc.stdout}\n{proc.stderr}")
+        os.replace(tmp, cached)
+    if path is None:
+        return cached
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    path.symlink_to(cached)
+    return path
+
+
+def _make_tiny_wan_main(out, num_layers, dim, seed):
+    """Subprocess body: build ComfyUI's WanModel, randomise every parameter, save, self-check."""
+    sys.path.insert(0, str(COMFY_DIR))
+    sys.argv = [sys.argv[0], "--cpu"]
+    import comfy.options
+    comfy.options.enable_args_parsing()
+    import torch
+    import comfy.ops
+    import comfy.model_detection
+    from comfy.ldm.wan.model import WanModel
+    import safetensors.torch
+
+    torch.manual_seed(seed)
+    model = WanModel(model_type="t2v", dim=dim, ffn_dim=2 * dim, num_layers=num_layers,
+                     num_heads=dim // 128, in_dim=16, out_dim=16, text_dim=4096,
+                     operations=comfy.ops.disable_weight_init)
+    # disable_weight_init leaves torch.empty() memory everywhere, and the real init zeroes the
+    # head: randomise all of it. Weights ~ 1/sqrt(fan_in) keep activations O(1) through the
+    # residual stream; gates (modulation) are O(0.3) so every block visibly changes the output.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("modulation"):
+                p.normal_(0.0, 0.3)
+            elif p.ndim >= 2:
+                p.normal_(0.0, 1.0 / (p[0].numel() ** 0.5))
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.02)
+            else:  # norm scales
+                p.normal_(1.0, 0.1)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    cfg = comfy.model_detection.detect_unet_config(sd, "")
+    assert cfg.get("image_model") == "wan2.1" and cfg["dim"] == dim and cfg["num_layers"] == num_layers, cfg
+    with torch.no_grad():  # sanity: one forward on a [1,16,2,16,16] latent is finite and O(1)
+        y = model(torch.randn(1, 16, 2, 16, 16), torch.tensor([500.0]), torch.zeros(1, 8, 4096))
+    assert torch.isfinite(y).all() and 0.05 < y.std().item() < 20, y.std()
+    safetensors.torch.save_file(sd, out)
+    print(f"saved {out}: {len(sd)} tensors, forward std {y.std().item():.3f}")
+
+
+# --------------------------------------------------------------------------- server process
+
+class PromptError(RuntimeError):
+    """A prompt was rejected by /prompt or failed while executing."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_group(proc, grace=10.0):
+    """Terminate the server's process group (inductor spawns compile workers), then kill."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _die_with_parent():
+    """In the child before exec: SIGKILL it when the test process dies (Linux prctl)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class ComfyHost:
+    """One ComfyUI server (``main.py --cpu``) under ``base_dir``; always killed at exit."""
+
+    def __init__(self, base_dir, *, models=(), cross_attention=True, extra_args=(), env=None,
+                 port=None, omp_threads=1, with_pack=True, with_test_nodes=True):
+        self.base_dir = Path(base_dir)
+        self.port = port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client_id = uuid.uuid4().hex
+        self.log_path = self.base_dir / "comfyui.log"
+        self.proc = None
+        self._finalizer = None
+        self.args = [PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+                     "--base-directory", str(self.base_dir),
+                     "--database-url", f"sqlite:///{self.base_dir}/user/comfyui.db",
+                     "--disable-auto-launch"]
+        if cross_attention:
+            self.args.append("--use-pytorch-cross-attention")
+        self.args += list(extra_args)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(omp_threads)}
+        self.env.update(env or {})
+        for sub in ("custom_nodes", "models/diffusion_models", "input", "output", "user", "temp"):
+            (self.base_dir / sub).mkdir(parents=True, exist_ok=True)
+        if with_pack:
+            self._link(REPO_ROOT, self.base_dir / "custom_nodes" / PACK_NAME)
+        if with_test_nodes:
+            self._link(TEST_NODES_DIR, self.base_dir / "custom_nodes" / "tcs_test_nodes")
+        for m in models:
+            self.add_model(m)
+
+    @staticmethod
+    def _link(target, link):
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target, target_is_directory=Path(target).is_dir())
+
+    def add_model(self, path) -> str:
+        """Link a model file into ``models/diffusion_models``; returns its UNETLoader name."""
+        path = Path(path).resolve()
+        self._link(path, self.base_dir / "models" / "diffusion_models" / path.name)
+        return path.name
+
+    # -- lifecycle
+    def start(self, timeout=120.0):
+        if self.proc is not None:
+            raise RuntimeError("already started")
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(self.args, cwd=COMFY_DIR, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+        finally:
+            log.close()
+        # weakref.finalize also runs at interpreter exit; PDEATHSIG covers a killed test runner.
+        self._finalizer = weakref.finalize(self, _kill_group, self.proc)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/system_stats", timeout=2).ok:
+                    return self
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"ComfyUI not up after {timeout:.0f}s:\n{self.log_tail()}")
+            time.sleep(0.25)
+
+    def stop(self):
+        if self._finalizer is not None:
+            self._finalizer()  # runs _kill_group once; later calls are no-ops
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- log
+    def log_offset(self) -> int:
+        """Current log size: pass to ``log_text(since=...)`` to read only what came after."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_text(self, since=0) -> str:
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(since)
+            return f.read().decode("utf-8", "replace")
+
+    def log_tail(self, chars=6000) -> str:
+        return self.log_text()[-chars:]
+
+    # -- HTTP API
+    def get(self, route, **kw):
+        r = requests.get(self.url + route, timeout=kw.pop("timeout", 30), **kw)
+        r.raise_for_status()
+        return r.json()
+
+    def object_info(self, node_class=None) -> dict:
+        """All node definitions, or one node's definition (KeyError if not registered)."""
+        if node_class is None:
+            return self.get("/object_info")
+        return self.get(f"/object_info/{node_class}")[node_class]
+
+    def post_prompt_raw(self, prompt):
+        """POST /prompt without checks: ``(status_code, json)``."""
+        r = requests.post(self.url + "/prompt", json={"prompt": prompt, "client_id": self.client_id},
+                          timeout=60)
+        try:
+            body = r.json()
+        except ValueError:
+            body = {"text": r.text}
+        return r.status_code, body
+
+    def queue(self, prompt) -> str:
+        code, body = self.post_prompt_raw(prompt)
+        if code != 200:
+            raise PromptError(f"/prompt returned {code}:\n{json.dumps(body, indent=1)}")
+        return body["prompt_id"]
+
+    def wait(self, prompt_id, timeout=600.0) -> dict:
+        """Poll /history until the prompt is done; return its history entry or raise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            entry = self.get(f"/history/{prompt_id}").get(prompt_id)
+            if entry and entry.get("status", {}).get("completed") is not None:
+                break
+            if not self.alive():
+                raise RuntimeError(f"ComfyUI died while running {prompt_id}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                requests.post(self.url + "/interrupt", json={"prompt_id": prompt_id}, timeout=10)
+                raise TimeoutError(f"prompt {prompt_id} not done after {timeout:.0f}s:\n{self.log_tail()}")
+            time.sleep(0.02)
+        status = entry["status"]
+        if status.get("status_str") != "success":
+            errors = [m for m in status.get("messages", []) if m[0] in ("execution_error",
+                                                                       "execution_interrupted")]
+            detail = json.dumps(errors or status, indent=1)
+            raise PromptError(f"prompt {prompt_id} failed: {detail}")
+        return entry
+
+    def run(self, prompt, timeout=600.0) -> dict:
+        return self.wait(self.queue(prompt), timeout)
+
+    def free(self, unload_models=True, free_memory=False):
+        """POST /free (ComfyUI applies it after its next queue poll, not at once)."""
+        requests.post(self.url + "/free", json={"unload_models": unload_models,
+                                                "free_memory": free_memory}, timeout=10).raise_for_status()
+
+    # -- results
+    @staticmethod
+    def outputs(history, node_id) -> dict:
+        """The ui output dict of one node in a history entry."""
+        return history["outputs"][str(node_id)]
+
+    def load_latent(self, filename, subfolder=""):
+        """Read a SaveLatent ``.latent`` file (safetensors, key ``latent_tensor``) from output/."""
+        import safetensors.torch
+        return safetensors.torch.load_file(str(self.base_dir / "output" / subfolder / filename))["latent_tensor"]
+
+    def latent(self, history, node_id="save"):
+        """The tensor saved by the SaveLatent node ``node_id`` in this history entry."""
+        item = self.outputs(history, node_id)["latents"][0]
+        return self.load_latent(item["filename"], item.get("subfolder", ""))
+
+    def probe(self, history, node_id="probe") -> dict:
+        """The report of a TCSTestProbe node."""
+        return self.outputs(history, node_id)["probe"][0]
+
+
+# --------------------------------------------------------------------------- workflows
+
+SETTINGS_DEFAULTS = {
+    "backend": "inductor",
+    "fullgraph": False,
+    "mode": "default",
+    "dynamic": False,
+    "dynamo_cache_size_limit": 64,
+    "compile_transformer_blocks_only": True,
+    "reuse_if_similar": True,
+    "experimental_ptx": False,
+    "ptx_fast_math": True,
+    "warmup_runs": 1,
+    "ptx_cache_dir": "",
+    "dynamo_recompile_limit": 128,
+    "force_parameter_static_shapes": False,
+    "allow_unmerged_lora_compile": False,
+}
+
+_nonce = itertools.count(int(time.time() * 1000) % 1_000_000_000)
+
+
+def settings_inputs(**overrides) -> dict:
+    """Full TorchCompileSpeedSettings inputs (tests default to mode "default") with overrides."""
+    unknown = set(overrides) - set(SETTINGS_DEFAULTS)
+    if unknown:
+        raise KeyError(f"unknown settings inputs: {sorted(unknown)}")
+    return {**SETTINGS_DEFAULTS, **overrides}
+
+
+def _sampler_branch(p, tag, model_ref, *, steps, seed, prefix, latent_ref=("latent", 0)):
+    """KSampler -> SaveLatent -> TCSTestProbe, node ids ``sampler{tag}``, ``save{tag}``, ``probe{tag}``."""
+    p[f"sampler{tag}"] = {"class_type": "KSampler", "inputs": {
+        "model": model_ref, "seed": seed, "steps": steps, "cfg": 1.0, "sampler_name": "euler",
+        "scheduler": "simple", "positive": ["cond", 0], "negative": ["cond", 0],
+        "latent_image": list(latent_ref), "denoise": 1.0}}
+    p[f"save{tag}"] = {"class_type": "SaveLatent", "inputs": {
+        "samples": [f"sampler{tag}", 0], "filename_prefix": prefix}}
+    p[f"probe{tag}"] = {"class_type": "TCSTestProbe", "inputs": {
+        "samples": [f"sampler{tag}", 0], "label": prefix, "model": model_ref}}
+
+
+def _base(model_name, *, width, height, length, nonce):
+    """Loader, zero conditioning and empty latent. A fresh ``nonce`` makes samplers re-run
+    (ComfyUI caches a KSampler whose inputs did not change); pass a fixed one to allow caching."""
+    return {
+        "loader": {"class_type": "UNETLoader", "inputs": {"unet_name": model_name, "weight_dtype": "default"}},
+        "cond": {"class_type": "TCSTestZeroConditioning", "inputs": {
+            "length": 8, "nonce": next(_nonce) if nonce is None else nonce}},
+        "latent": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {
+            "width": width, "height": height, "length": length, "batch_size": 1}},
+    }
+
+
+def _compile_nodes(p, compile_settings, tag=""):
+    p[f"settings{tag}"] = {"class_type": "TorchCompileSpeedSettings",
+                           "inputs": settings_inputs(**(compile_settings or {}))}
+    p[f"apply{tag}"] = {"class_type": "ApplyTorchCompile", "inputs": {
+        "model": ["loader", 0], "compile_args": [f"settings{tag}", 0]}}
+    return [f"apply{tag}", 0]
+
+
+def wan_t2v_prompt(model_name, *, compile_settings=None, apply=True, steps=4, width=128, height=128,
+                   length=5, seed=0, prefix="out", extra_nodes=None, nonce=None) -> dict:
+    """UNETLoader -> [Settings -> ApplyTorchCompile] -> KSampler -> SaveLatent + TCSTestProbe.
+
+    Node ids: loader, cond, latent, [settings, apply], sampler, save, probe.
+    ``extra_nodes`` (dict) is merged in last, so it can add or replace nodes.
+    """
+    p = _base(model_name, width=width, height=height, length=length, nonce=nonce)
+    model_ref = _compile_nodes(p, compile_settings) if apply else ["loader", 0]
+    _sampler_branch(p, "", model_ref, steps=steps, seed=seed, prefix=prefix)
+    p.update(extra_nodes or {})
+    return p
+
+
+def wan_two_branch_prompt(model_name, *, compile_settings=None, steps=4, width=128, height=128,
+                          length=5, seed=0, prefix_compiled="A", prefix_raw="B", extra_nodes=None,
+                          nonce=None) -> dict:
+    """One UNETLoader feeding a compiled branch (settingsA, applyA, samplerA, saveA, probeA) and a
+    raw branch (samplerB, saveB, probeB) with the same seed and latent. ``afterA`` (a latent
+    pass-through) makes samplerB run after samplerA, so a compile leaking into the shared model
+    would show in branch B. Probes snapshot the process-wide dynamo counters when they run."""
+    p = _base(model_name, width=width, height=height, length=length, nonce=nonce)
+    compiled = _compile_nodes(p, compile_settings, "A")
+    _sampler_branch(p, "A", compiled, steps=steps, seed=seed, prefix=prefix_compiled)
+    p["afterA"] = {"class_type": "TCSTestLatentAfter", "inputs": {
+        "samples": ["latent", 0], "after": ["samplerA", 0]}}
+    _sampler_branch(p, "B", ["loader", 0], steps=steps, seed=seed, prefix=prefix_raw,
+                    latent_ref=("afterA", 0))
+    p.update(extra_nodes or {})
+    return p
+
+
+def counters_delta(before, after) -> dict:
+    """``after - before`` for two probe ``counters`` snapshots (zero entries dropped)."""
+    out = {}
+    for group, vals in after.items():
+        diff = {k: v - before.get(group, {}).get(k, 0) for k, v in vals.items()}
+        diff = {k: v for k, v in diff.items() if v}
+        if diff:
+            out[group] = diff
+    return out
+
+
+def wan_consumer_nodes(compile_args_ref, model_ref=("loader", 0), node_id="consumer") -> dict:
+    """A TCSTestWanStyleConsumer node (merge into a prompt via ``extra_nodes``)."""
+    return {node_id: {"class_type": "TCSTestWanStyleConsumer", "inputs": {
+        "compile_args": list(compile_args_ref), "model": list(model_ref)}}}
+
+
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "make-tiny-wan":
+    _make_tiny_wan_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

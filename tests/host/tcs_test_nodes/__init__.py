@@ -1,0 +1,191 @@
+"""TEST-ONLY ComfyUI node pack for TorchCompileSpeed's integration tests.
+
+Loaded only by the test server started by ``tests/host/harness.py``; never ship or install it.
+All node names start with ``TCSTest``:
+
+- ``TCSTestZeroConditioning``: zero text conditioning ``[1, L, 4096]`` (no text encoder needed).
+- ``TCSTestProbe``: reports dynamo counters and how a MODEL is compiled, as ui output.
+- ``TCSTestLatentAfter``: latent pass-through that waits for another node (orders branches).
+- ``TCSTestReferenceCompileArgs``: the dict WanVideoWrapper's own settings node emits.
+- ``TCSTestWanStyleConsumer``: consumes a WANCOMPILEARGS dict the way WanVideoWrapper does.
+"""
+import logging
+
+import torch
+
+log = logging.getLogger("tcs_test_nodes")
+CATEGORY = "_for_testing/tcs"
+
+# How ComfyUI-WanVideoWrapper's sampler reads the dict: these keys are indexed directly.
+WAN_REQUIRED_KEYS = ("dynamo_cache_size_limit", "force_parameter_static_shapes",
+                     "compile_transformer_blocks_only", "fullgraph", "dynamic", "backend", "mode")
+
+
+def _plain_counters():
+    """``torch._dynamo.utils.counters`` as a nested plain dict of ints (str keys)."""
+    from torch._dynamo.utils import counters
+    return {str(k): {str(kk): int(vv) for kk, vv in v.items()} for k, v in counters.items()}
+
+
+def _is_optimized(mod):
+    from torch._dynamo.eval_frame import OptimizedModule
+    return isinstance(mod, OptimizedModule)
+
+
+class TCSTestZeroConditioning:
+    """TEST-ONLY: conditioning of zeros for a WAN model (text_dim 4096)."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("CONDITIONING",)
+    FUNCTION = "make"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"length": ("INT", {"default": 8, "min": 1, "max": 512})},
+                "optional": {"nonce": ("INT", {"default": 0, "min": 0, "max": 2**63 - 1})}}
+
+    def make(self, length, nonce=0):  # nonce only changes the cache key of downstream nodes
+        return ([[torch.zeros(1, length, 4096), {}]],)
+
+
+class TCSTestProbe:
+    """TEST-ONLY output node: snapshot of dynamo counters and of the MODEL's compile state."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ()
+    FUNCTION = "probe"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "label": ("STRING", {"default": "probe"})},
+                "optional": {"model": ("MODEL",)}}
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")  # re-run on every queue
+
+    def probe(self, samples, label, model=None):
+        counters = _plain_counters()
+        report = {"label": label, "counters": counters,
+                  "stats": counters.get("stats", {}), "recompiles": counters.get("recompiles", {})}
+        if model is not None:
+            report.update(_model_report(model))
+        return {"ui": {"probe": [report]}}
+
+
+def _model_report(patcher):
+    dm = patcher.model.diffusion_model
+    modules = list(dm.modules())
+    to = patcher.model_options.get("transformer_options", {}).get("wrappers", {})
+    own = getattr(patcher, "wrappers", {}) or {}
+
+    def wrapper_keys(kind):
+        return sorted(set(to.get(kind, {})) | set(own.get(kind, {})))
+
+    return {
+        "state_dict_has_orig_mod": any("_orig_mod" in k for k in patcher.model.state_dict().keys()),
+        "modules_with_compiled_call_impl": sum(
+            1 for m in modules if m.__dict__.get("_compiled_call_impl") is not None),
+        "apply_model_wrapper_keys": wrapper_keys("apply_model"),
+        "diffusion_model_wrapper_keys": wrapper_keys("diffusion_model"),
+        "diffusion_model_type": type(dm).__name__,
+        "is_optimized_module": any(_is_optimized(m) for m in [dm, *modules]),
+    }
+
+
+class TCSTestLatentAfter:
+    """TEST-ONLY: returns ``samples`` unchanged once ``after`` exists (forces execution order)."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "passthrough"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "after": ("LATENT",)}}
+
+    def passthrough(self, samples, after):
+        return (samples,)
+
+
+class TCSTestReferenceCompileArgs:
+    """TEST-ONLY: the 9-key dict WanVideoWrapper's WanVideoTorchCompileSettings emits.
+
+    ``drop_keys`` (comma separated) removes keys, to check consumers fail like the real one.
+    """
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("WANCOMPILEARGS",)
+    RETURN_NAMES = ("torch_compile_args",)
+    FUNCTION = "make"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"backend": ("STRING", {"default": "inductor"}),
+                             "mode": ("STRING", {"default": "default"}),
+                             "drop_keys": ("STRING", {"default": ""})}}
+
+    def make(self, backend, mode, drop_keys):
+        args = {"backend": backend, "fullgraph": False, "mode": mode, "dynamic": False,
+                "dynamo_cache_size_limit": 64, "dynamo_recompile_limit": 128,
+                "compile_transformer_blocks_only": True, "force_parameter_static_shapes": False,
+                "allow_unmerged_lora_compile": False}
+        for k in filter(None, (s.strip() for s in drop_keys.split(","))):
+            args.pop(k, None)
+        return (args,)
+
+
+class TCSTestWanStyleConsumer:
+    """TEST-ONLY: reads WANCOMPILEARGS like WanVideoWrapper's sampler and compiles each block.
+
+    Unlike the real wrapper it restores the dynamo config it changes and never assigns the
+    compiled blocks back into the model.
+    """
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ()
+    FUNCTION = "consume"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"compile_args": ("WANCOMPILEARGS",), "model": ("MODEL",)}}
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")
+
+    def consume(self, compile_args, model):
+        import comfy.model_management
+        cfg = torch._dynamo.config
+        report = {"keys": sorted(compile_args), "types": {k: type(v).__name__ for k, v in compile_args.items()},
+                  "ran": False, "output_shape": None}
+        a = {k: compile_args[k] for k in WAN_REQUIRED_KEYS}  # KeyError, like the real wrapper
+        if "dynamo_recompile_limit" not in compile_args:
+            log.warning("[tcs_test_nodes] compile_args has no dynamo_recompile_limit")
+        report["allow_unmerged_lora_compile"] = compile_args.get("allow_unmerged_lora_compile", False)
+        saved = {n: getattr(cfg, n) for n in ("cache_size_limit", "recompile_limit",
+                                               "force_parameter_static_shapes")}
+        try:
+            cfg.cache_size_limit = a["dynamo_cache_size_limit"]
+            cfg.force_parameter_static_shapes = a["force_parameter_static_shapes"]
+            if "dynamo_recompile_limit" in compile_args:
+                cfg.recompile_limit = compile_args["dynamo_recompile_limit"]
+            comfy.model_management.load_models_gpu([model])
+            dm = model.model.diffusion_model
+            dev, dt = comfy.model_management.get_torch_device(), model.model.get_dtype()
+            with torch.no_grad():
+                x = torch.randn(1, 2 * 8 * 8, dm.dim, device=dev, dtype=dt)  # latent [1,16,2,16,16]
+                e0 = torch.randn(1, 1, 6, dm.dim, device=dev, dtype=dt) * 0.1  # as in forward_orig
+                freqs = dm.rope_encode(2, 16, 16, device=dev, dtype=dt)
+                context = torch.randn(1, 8, dm.dim, device=dev, dtype=dt)
+                for block in dm.blocks:
+                    compiled = torch.compile(block, fullgraph=a["fullgraph"], dynamic=a["dynamic"],
+                                             backend=a["backend"], mode=a["mode"])
+                    x = compiled(x, e=e0, freqs=freqs, context=context, context_img_len=None)
+            report.update(ran=True, output_shape=list(x.shape), finite=bool(torch.isfinite(x).all()))
+        finally:
+            for n, v in saved.items():
+                setattr(cfg, n, v)
+        return {"ui": {"consumer": [report]}}
+
+
+NODE_CLASS_MAPPINGS = {c.__name__: c for c in (TCSTestZeroConditioning, TCSTestProbe, TCSTestLatentAfter,
+                                                TCSTestReferenceCompileArgs, TCSTestWanStyleConsumer)}
+NODE_DISPLAY_NAME_MAPPINGS = {k: f"[test] {k}" for k in NODE_CLASS_MAPPINGS}
