@@ -1,11 +1,14 @@
 """Fixtures for the real-ComfyUI integration tests (see harness.py). Every test here is ``host``."""
+import sys
 from pathlib import Path
 
 import pytest
 
-from harness import ComfyHost, make_tiny_wan
-
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # so ``import harness`` works under any --import-mode
+    sys.path.insert(0, str(HERE))
+
+from harness import ComfyHost, make_tiny_wan  # noqa: E402
 
 
 def pytest_configure(config):

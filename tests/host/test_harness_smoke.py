@@ -58,7 +58,7 @@ def test_wan_style_consumer_accepts_reference_dict(comfy_host, tiny_wan):
     hist = comfy_host.run(wan_t2v_prompt(tiny_wan, apply=False, prefix="consumer", extra_nodes=extra))
     rep = comfy_host.outputs(hist, "consumer")["consumer"][0]
     assert rep["ran"] and rep["finite"] and rep["output_shape"] == [1, 128, 256]
-    assert rep["types"]["mode"] == "str" and len(rep["keys"]) == 9
+    assert len(rep["keys"]) == 9 and rep["values"]["backend"] == "eager" and rep["values"]["mode"] == "default"
 
 
 def test_rejected_and_failed_prompts_are_reported(comfy_host, tiny_wan):

@@ -154,7 +154,10 @@ class TCSTestWanStyleConsumer:
     def consume(self, compile_args, model):
         import comfy.model_management
         cfg = torch._dynamo.config
-        report = {"keys": sorted(compile_args), "types": {k: type(v).__name__ for k, v in compile_args.items()},
+        report = {"keys": sorted(compile_args),
+                  "types": {k: type(v).__name__ for k, v in compile_args.items()},
+                  "values": {k: v for k, v in compile_args.items()
+                             if v is None or isinstance(v, (str, bool, int, float))},
                   "ran": False, "output_shape": None}
         a = {k: compile_args[k] for k in WAN_REQUIRED_KEYS}  # KeyError, like the real wrapper
         if "dynamo_recompile_limit" not in compile_args:
