@@ -76,13 +76,19 @@ class CompiledModel:
     description: str
     ptx_cache_dir: Path | None = None
     _warmed: bool = False
+    _ran: bool = False
+    changed: bool = False
 
     @property
     def fingerprint(self) -> str:
         return self.entry.fingerprint
 
     def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device):
-        """Run ``call`` (one model evaluation) with the regions compiled; eager on failure."""
+        """Run ``call`` (one model evaluation) with the regions compiled; eager on failure.
+
+        Afterwards ``self.changed`` is True when this call compiled, recompiled or fell back,
+        i.e. when the status shown to the user should be refreshed."""
+        self.changed = False
         if self.entry.failed:
             return call()
         on_cuda = device.type == "cuda"
@@ -103,18 +109,24 @@ class CompiledModel:
             self.entry.failed = fallback.explain(exc)
             log.warning("torch.compile failed, so this model now runs eagerly (output unchanged). %s",
                         self.entry.failed)
+            self.changed = True
             return call()
-        self._record(time.perf_counter() - start, _graph_count() - graphs_before)
+        first, self._ran = not self._ran, True
+        self.changed = self._record(time.perf_counter() - start, _graph_count() - graphs_before) or first
         return out
 
-    def _record(self, seconds: float, new_graphs: int) -> None:
+    def _record(self, seconds: float, new_graphs: int) -> bool:
         e = self.entry
         e.runs += 1
-        if new_graphs:
-            e.graphs += new_graphs
-            e.compile_seconds += seconds
-            what = "compiled" if e.runs == 1 else "recompiled"
-            log.info("%s %s: %d graph(s) in %.1f s", what, self.description, new_graphs, seconds)
+        if not new_graphs:
+            return False
+        if e.graphs == 0:
+            e.first_run_graphs = new_graphs
+        e.graphs += new_graphs
+        e.compile_seconds += seconds
+        what = "compiled" if e.graphs == new_graphs else "recompiled"
+        log.info("%s %s: %d graph(s) in %.1f s", what, self.description, new_graphs, seconds)
+        return True
 
 
 def prepare(diffusion_model: nn.Module, settings: CompileSettings,

@@ -23,7 +23,7 @@ def resolve_cache_dir(value: str, base: str | os.PathLike, roots: Iterable[Path]
     """A relative ``value`` lives under ``base``; the resolved path (symlinks followed) must be
     inside one of ``roots``. ``..`` and absolute paths are allowed only if they stay inside."""
     value = (value or "").strip()
-    raw = Path(value).expanduser() if value else Path("triton")
+    raw = Path(value).expanduser() if value else Path("torch_compile_speed") / "triton"
     candidate = raw if raw.is_absolute() else Path(base) / raw
     resolved = candidate.resolve()
     roots = list(roots)

@@ -21,6 +21,7 @@ class CompiledEntry:
     failed: str = ""           # reason compile was abandoned (then the model runs eagerly)
     runs: int = 0              # compiled apply_model calls
     graphs: int = 0            # dynamo graphs compiled for it (first run + recompiles)
+    first_run_graphs: int = 0  # graphs of its first run (the rest are recompiles)
     compile_seconds: float = 0.0
     reuses: int = 0            # applies that found this entry already built
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..compile_core import engine, fallback, log
 from ..compile_core.paths import allowed_roots, resolve_cache_dir
 from ..compile_core.settings import CompileSettings
+from ..compile_core.status import status_payload
 
 
 class ApplyTorchCompile:
@@ -21,9 +22,9 @@ class ApplyTorchCompile:
             "model": ("MODEL", {"tooltip": "The diffusion model to compile (it is cloned, never changed)."}),
             "compile_args": ("WANCOMPILEARGS", {"tooltip": "From 'Torch Compile Speed Settings' "
                                                            "(or WanVideoWrapper's compile settings)."}),
-        }}
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    def apply(self, model, compile_args):
+    def apply(self, model, compile_args, unique_id=None):
         from . import comfy_bridge  # the one module that touches ComfyUI internals
 
         settings = CompileSettings.from_args(compile_args)  # bad input: clear error, nothing changed
@@ -41,4 +42,5 @@ class ApplyTorchCompile:
             log.warning("torch.compile could not be set up, so the model stays eager. %s",
                         fallback.explain(exc))
             return (model,)
-        return (comfy_bridge.with_compile_wrapper(model, compiled),)
+        comfy_bridge.send_status(status_payload(compiled, unique_id))
+        return (comfy_bridge.with_compile_wrapper(model, compiled, unique_id),)

@@ -9,7 +9,11 @@ from __future__ import annotations
 import comfy.patcher_extension as patcher_extension
 import folder_paths
 
+from ..compile_core import log
+from ..compile_core.status import status_payload
+
 WRAPPER_KEY = "torch_compile_speed"
+STATUS_EVENT = "torch_compile_speed.status"  # web/js listens for it (the node badge)
 CORE_COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers' key
 
 
@@ -17,7 +21,7 @@ def diffusion_model(model_patcher):
     return model_patcher.get_model_object("diffusion_model")
 
 
-def with_compile_wrapper(model_patcher, compiled):
+def with_compile_wrapper(model_patcher, compiled, node_id=None):
     clone = model_patcher.clone()
     apply_model = patcher_extension.WrappersMP.APPLY_MODEL
     clone.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
@@ -26,7 +30,10 @@ def with_compile_wrapper(model_patcher, compiled):
     def torch_compile_speed_wrapper(executor, *args, **kwargs):
         base_model = executor.class_obj
         x = args[0] if args else kwargs["x"]
-        return compiled.run(base_model.diffusion_model, lambda: executor(*args, **kwargs), x.device)
+        out = compiled.run(base_model.diffusion_model, lambda: executor(*args, **kwargs), x.device)
+        if compiled.changed:
+            send_status(status_payload(compiled, node_id))
+        return out
 
     clone.add_wrapper_with_key(apply_model, WRAPPER_KEY, torch_compile_speed_wrapper)
     return clone
@@ -38,3 +45,12 @@ def user_directory() -> str:
 
 def temp_directory() -> str:
     return folder_paths.get_temp_directory()
+
+
+def send_status(payload: dict) -> None:
+    """Tell the frontend (all clients) what compile did; never fails the run."""
+    try:
+        from server import PromptServer
+        PromptServer.instance.send_sync(STATUS_EVENT, payload)
+    except Exception as exc:  # noqa: BLE001 - a UI message must not break sampling
+        log.warn_once("status-send", "could not send the status to the UI: %s", exc)

@@ -1,0 +1,31 @@
+"""A small JSON-able summary of what compile did for one Apply node (for logs and the UI badge)."""
+from __future__ import annotations
+
+
+def status_payload(compiled, node_id: str | None = None) -> dict:
+    """``state`` is one of: ``eager-fallback`` (compile failed), ``reused`` (compiled work found
+    in this server), ``cold`` (compiled here), ``pending`` (not run yet)."""
+    e = compiled.entry
+    if e.failed:
+        state = "eager-fallback"
+    elif compiled.reused:
+        state = "reused"
+    elif e.runs:
+        state = "cold"
+    else:
+        state = "pending"
+    return {
+        "node": node_id,
+        "state": state,
+        "regions": compiled.description,
+        "region_count": len(compiled.plan.paths),
+        "regional": compiled.plan.regional,
+        "backend": compiled.settings.backend,
+        "mode": compiled.settings.mode,
+        "graphs": e.graphs,
+        "recompiles": max(0, e.graphs - e.first_run_graphs),
+        "compile_seconds": round(e.compile_seconds, 3),
+        "runs": e.runs,
+        "fallback_reason": e.failed,
+        "fingerprint": e.fingerprint[:12],
+    }

@@ -1,0 +1,176 @@
+"""Unit-test fixtures: fresh toy models, a raising backend, and a guard on torch's global state.
+
+Dynamo caches compiled code on the ``forward`` code object of a module class. Every toy
+factory here therefore defines its classes inside the function, so each test gets classes
+(and code objects) of its own and no test sees another's compiled graphs, without the cost
+of ``torch._dynamo.reset()``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import types
+import uuid
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compile_core import scoped
+from compile_core.registry import REGISTRY
+
+LOGGER = "TorchCompileSpeed"
+
+
+def graphs() -> int:
+    """Dynamo graphs compiled so far in this process (a test compares deltas)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def pack_records(caplog, level=logging.WARNING):
+    return [r for r in caplog.records if r.name == LOGGER and r.levelno == level]
+
+
+def make_wan_classes(name: str = "WanModel"):
+    """A WAN-like DiT (modulated attention + MLP blocks) with fresh classes on every call.
+
+    Returns a namespace with ``Block``, ``VaceBlock`` and the model class (named ``name``)."""
+
+    class Block(nn.Module):
+        def __init__(self, dim: int, heads: int):
+            super().__init__()
+            self.heads = heads
+            self.norm1 = nn.LayerNorm(dim, elementwise_affine=False)
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
+            self.norm2 = nn.LayerNorm(dim)
+            self.ffn = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(approximate="tanh"),
+                                     nn.Linear(2 * dim, dim))
+            self.modulation = nn.Parameter(torch.randn(1, 3, dim) / dim ** 0.5)
+
+        def forward(self, x, e):
+            b, n, d = x.shape
+            shift, scale, gate = (self.modulation + e).chunk(3, dim=1)
+            h = self.norm1(x) * (1 + scale) + shift
+            q, k, v = self.qkv(h).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
+            x = x + gate * self.proj(a)
+            return x + self.ffn(self.norm2(x))
+
+    class VaceBlock(Block):
+        def __init__(self, dim: int, heads: int):
+            super().__init__(dim, heads)
+            self.after_proj = nn.Linear(dim, dim)
+
+        def forward(self, x, e):
+            return self.after_proj(super().forward(x, e))
+
+    class Model(nn.Module):
+        def __init__(self, n_blocks=4, n_vace=0, dim=32, heads=2, in_dim=8):
+            super().__init__()
+            self.dim = dim
+            self.patch_embedding = nn.Linear(in_dim, dim)
+            self.time_embedding = nn.Linear(1, 3 * dim)
+            self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(n_blocks))
+            if n_vace:
+                self.vace_blocks = nn.ModuleList(VaceBlock(dim, heads) for _ in range(n_vace))
+            self.head = nn.Linear(dim, in_dim)
+
+        def forward(self, x, t):
+            e = self.time_embedding(t[:, None]).view(x.shape[0], 3, self.dim)
+            x = self.patch_embedding(x)
+            for block in self.blocks:
+                x = block(x, e)
+            for block in getattr(self, "vace_blocks", ()):
+                x = block(x, e)
+            return self.head(x)
+
+    Model.__name__ = Model.__qualname__ = name
+    return types.SimpleNamespace(Block=Block, VaceBlock=VaceBlock, Model=Model)
+
+
+@pytest.fixture
+def wan():
+    """Fresh WAN-like classes for this test: ``wan.Model(n_blocks=4, n_vace=0, dim=32)``."""
+    return make_wan_classes()
+
+
+@pytest.fixture
+def wan_inputs():
+    def make(batch=2, tokens=6, in_dim=8, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(batch, tokens, in_dim, generator=g), torch.rand(batch, generator=g)
+    return make
+
+
+@pytest.fixture
+def raising_backend():
+    """A dynamo backend, registered under a unique name for this test only, that raises
+    RuntimeError("boom"); ``calls`` counts how often dynamo asked it to compile."""
+    from torch._dynamo.backends import registry
+
+    name = f"tcs_test_boom_{uuid.uuid4().hex[:8]}"
+    ns = types.SimpleNamespace(name=name, calls=0)
+
+    def boom(gm, example_inputs):
+        ns.calls += 1
+        raise RuntimeError("boom")
+
+    torch._dynamo.register_backend(boom, name=name)
+    try:
+        yield ns
+    finally:
+        registry._COMPILER_FNS.pop(name, None)
+        registry._BACKENDS.pop(name, None)
+
+
+@pytest.fixture
+def graph_count():
+    """``graph_count()``: dynamo graphs compiled so far in this process (compare deltas)."""
+    return graphs
+
+
+@pytest.fixture
+def pack_log(caplog):
+    """The pack's log lines of this test: ``pack_log.warnings()`` / ``pack_log.infos()``."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    return types.SimpleNamespace(
+        warnings=lambda: [r.getMessage() for r in pack_records(caplog, logging.WARNING)],
+        infos=lambda: [r.getMessage() for r in pack_records(caplog, logging.INFO)],
+        clear=caplog.clear)
+
+
+@pytest.fixture(autouse=True)
+def clean_registry():
+    REGISTRY.clear()
+    yield
+    REGISTRY.clear()
+
+
+def _global_state() -> dict:
+    from torch._dynamo.backends import registry
+    return {
+        **scoped.snapshot(),
+        "grad": torch.is_grad_enabled(),
+        "inference_mode": torch.is_inference_mode_enabled(),
+        "default_dtype": torch.get_default_dtype(),
+        "backends": sorted(registry._COMPILER_FNS),
+        "environ": dict(os.environ),
+    }
+
+
+@pytest.fixture(autouse=True)
+def torch_state_unchanged():
+    """Every unit test must leave dynamo/inductor config, env vars and grad mode as it found them."""
+    before = _global_state()
+    yield
+    after = _global_state()
+    changed = {k for k in before if before[k] != after[k]}
+    detail = {k: (before[k], after[k]) for k in changed if k not in ("dynamo", "inductor", "environ")}
+    for section in {"dynamo", "inductor", "environ"} & changed:
+        keys = set(before[section]) | set(after[section])
+        detail[section] = {k: (before[section].get(k), after[section].get(k)) for k in keys
+                           if before[section].get(k) != after[section].get(k)}
+    assert not changed, f"test leaked global state: {detail}"
