@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import fallback, log, scoped, warmup
+from . import fallback, log, scoped, shapes, warmup
 from .fingerprint import fingerprint
 from .regions import RegionPlan, plan_regions
 from .registry import REGISTRY, CompiledEntry, ReuseRegistry
@@ -43,13 +43,18 @@ def make_compiled_call(settings: CompileSettings) -> Callable:
 
 
 @contextlib.contextmanager
-def attached(modules: list[nn.Module], compiled: Callable) -> Iterator[None]:
-    """Route each module's ``__call__`` through ``compiled`` for the duration of the block."""
+def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
+             policy: str = "auto") -> Iterator[None]:
+    """Route each module's ``__call__`` through ``compiled`` for the duration of the block,
+    with its inputs prepared by the shape policy."""
     saved = []
+    shapers: dict[type, shapes.InputShaper] = {}
     try:
         for m in modules:
+            shaper = shapers.get(type(m)) or shapers.setdefault(
+                type(m), shapes.InputShaper(m, family, policy))
             saved.append((m, m.__dict__.get("_compiled_call_impl", _MISSING)))
-            m.__dict__["_compiled_call_impl"] = functools.partial(compiled, m)
+            m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper)
         yield
     finally:
         for m, prev in saved:
@@ -94,9 +99,11 @@ class CompiledModel:
         on_cuda = device.type == "cuda"
         env = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
         graphs_before, start = _graph_count(), time.perf_counter()
+        failure = ""
         try:
             with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env), \
-                    attached(self.plan.modules(diffusion_model), self.entry.compiled):
+                    attached(self.plan.modules(diffusion_model), self.entry.compiled,
+                             self.plan.family, self.settings.shape_policy):
                 if env and not self._warmed and self.settings.warmup_runs:
                     secs = warmup.warm(call, self.settings.warmup_runs, device)
                     log.info("warmed Triton kernels %d time(s) on %s in %.1f s",
@@ -106,11 +113,18 @@ class CompiledModel:
         except Exception as exc:  # noqa: BLE001 - classified right below
             if not fallback.is_compile_failure(exc):
                 raise
-            self.entry.failed = fallback.explain(exc)
+            failure = fallback.explain(exc)
+        if failure:
+            # Eager is the judge: dynamo also wraps the model's own errors found while tracing
+            # (e.g. a shape mismatch, as TorchRuntimeError). If the eager call fails too, that
+            # error propagates unchanged and compile stays on; only a compile-only failure
+            # disables it (for every model sharing this entry).
+            out = call()
+            self.entry.failed = failure
             log.warning("torch.compile failed, so this model now runs eagerly (output unchanged). %s",
-                        self.entry.failed)
+                        failure)
             self.changed = True
-            return call()
+            return out
         first, self._ran = not self._ran, True
         self.changed = self._record(time.perf_counter() - start, _graph_count() - graphs_before) or first
         return out

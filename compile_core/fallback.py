@@ -23,7 +23,11 @@ def is_compile_failure(exc: BaseException) -> bool:
 def explain(exc: BaseException) -> str:
     """One line: what failed and the fix."""
     text = f"{type(exc).__name__}: {exc}".strip()
-    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    if first.endswith(":") and len(lines) > 1:  # "backend='x' raised:" + the cause on the next line
+        first = f"{first} {lines[1]}"
+    first = first[:300]
     low = text.lower()
     if "cppcompileerror" in low or "c++ compile" in low or "compiler" in low and ("cxx" in low or "gcc" in low or "g++" in low):
         fix = "install a working C/C++ compiler (gcc/g++) or point CXX at one"

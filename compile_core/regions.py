@@ -63,9 +63,10 @@ def plan_regions(diffusion_model: nn.Module, blocks_only: bool) -> RegionPlan:
     for attr in BLOCK_ATTRS.get(family, ()):
         holder = getattr(diffusion_model, attr, None)
         if isinstance(holder, (nn.ModuleList, nn.Sequential)) and not _is_block(holder):
-            paths += [f"{attr}.{i}" for i in range(len(holder))]
+            for i, block in enumerate(holder):
+                paths += _block_paths(f"{attr}.{i}", block)
         elif isinstance(holder, nn.Module):
-            paths.append(attr)
+            paths += _block_paths(attr, holder)
     if not paths:
         log.info("no known transformer blocks in %s; compiling the whole diffusion model instead",
                  type(diffusion_model).__name__)
@@ -76,3 +77,15 @@ def plan_regions(diffusion_model: nn.Module, blocks_only: bool) -> RegionPlan:
 def _is_block(container: nn.Module) -> bool:
     """A Sequential that is itself a block (SD's TimestepEmbedSequential), not a list of blocks."""
     return isinstance(container, nn.Sequential) and type(container) is not nn.Sequential
+
+
+def _block_paths(path: str, block: nn.Module) -> list[str]:
+    """The paths to compile for one block: the block itself, or, for a Sequential block, its layers.
+
+    ComfyUI's UNet runs a TimestepEmbedSequential through ``forward_timestep_embed(block, ...)``,
+    which loops over the layers and never calls the block, so the block's ``__call__`` (where the
+    compiled callable is attached) would be bypassed and nothing compiled. Its layers are always
+    entered through ``__call__``."""
+    if _is_block(block):
+        return [f"{path}.{name}" for name, _ in block.named_children()]
+    return [path]

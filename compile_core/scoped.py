@@ -14,8 +14,9 @@ from typing import Iterator, Mapping
 import torch
 import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
+import torch.fx.experimental._config as fx_config
 
-from . import log
+from . import log, shapes
 
 ALWAYS_INDUCTOR = {"freezing": False}
 # Environment variables the pack may set during a run (snapshot() covers them).
@@ -37,14 +38,16 @@ def _known(config_module, knobs: Mapping[str, object], label: str) -> dict:
 @contextlib.contextmanager
 def scoped_state(dynamo: Mapping[str, object] | None = None,
                  inductor: Mapping[str, object] | None = None,
-                 env: Mapping[str, str] | None = None) -> Iterator[None]:
-    """Apply dynamo/inductor knobs and env vars inside the block; restore all of them after."""
+                 env: Mapping[str, str] | None = None,
+                 fx: Mapping[str, object] | None = None) -> Iterator[None]:
+    """Apply dynamo/inductor/fx knobs and env vars inside the block; restore all of them after."""
     d = _known(dynamo_config, dynamo or {}, "torch._dynamo.config")
+    f = _known(fx_config, fx or {}, "torch.fx.experimental._config")
     i = _known(inductor_config, {**(inductor or {}), **ALWAYS_INDUCTOR}, "torch._inductor.config")
     saved_env = {k: os.environ.get(k) for k in (env or {})}
     try:
         os.environ.update(env or {})
-        with dynamo_config.patch(d), inductor_config.patch(i):
+        with dynamo_config.patch(d), inductor_config.patch(i), fx_config.patch(f):
             yield
     finally:
         for k, v in saved_env.items():
@@ -66,7 +69,7 @@ def knobs_for(settings, on_cuda: bool) -> dict[str, dict]:
         inductor["coordinate_descent_tuning"] = True
     if settings.experimental_ptx and on_cuda and settings.ptx_fast_math:
         inductor["use_fast_math"] = True
-    return {"dynamo": dynamo, "inductor": inductor}
+    return {"dynamo": dynamo, "inductor": inductor, "fx": shapes.fx_knobs(settings.shape_policy)}
 
 
 def snapshot() -> dict:
@@ -74,6 +77,7 @@ def snapshot() -> dict:
     return {
         "dynamo": dynamo_config.get_config_copy(),
         "inductor": inductor_config.get_config_copy(),
+        "fx": fx_config.get_config_copy(),
         "env": {k: os.environ.get(k) for k in PACK_ENV_VARS},
         "tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
                  torch.get_float32_matmul_precision()),

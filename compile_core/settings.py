@@ -12,6 +12,8 @@ from typing import Any, Mapping
 
 import torch
 
+from .shapes import POLICIES, torch_dynamic
+
 # WanVideoWrapper's own settings node emits exactly these keys, in this order.
 WAN_KEYS = (
     "backend", "fullgraph", "mode", "dynamic", "dynamo_cache_size_limit",
@@ -28,6 +30,8 @@ LEGACY_EXTRA_KEYS = (
     "reuse_if_similar", "experimental_ptx", "ptx_fast_math", "warmup_runs",
     "ptx_cache_dir", "speed_preset",
 )
+# Keys this pack adds (after all of the above; every consumer ignores unknown keys).
+NEW_EXTRA_KEYS = ("shape_policy", "declared_shapes")
 UI_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead", "speed")
 SPEED_PRESET = {"backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dynamic": True}
 LIMIT_RANGE = (0, 1024)
@@ -76,6 +80,9 @@ class CompileSettings:
     warmup_runs: int = 1
     ptx_cache_dir: str = ""
     speed_preset: bool = False
+    shape_policy: str = "auto"
+    # ((min_w, min_h, min_frames), (max_w, max_h, max_frames)) in pixels/frames, or None
+    declared_shapes: tuple | None = None
 
     @classmethod
     def from_args(cls, args: Any) -> "CompileSettings":
@@ -107,19 +114,21 @@ class CompileSettings:
             warmup_runs=_int(a, "warmup_runs", WARMUP_RANGE, default=1),
             ptx_cache_dir=_str(a, "ptx_cache_dir", default=""),
             speed_preset=speed or _bool(a, "speed_preset", default=False),
+            shape_policy=_choice(a, "shape_policy", POLICIES, default="auto"),
+            declared_shapes=parse_declared_shapes(_str(a, "declared_shapes", default="")),
         )
 
     def compile_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.compile`` (``mode`` only means something to inductor)."""
         mode = self.mode if self.backend == "inductor" and self.mode != "default" else None
         return {"backend": self.backend, "mode": mode, "fullgraph": self.fullgraph,
-                "dynamic": self.dynamic}
+                "dynamic": torch_dynamic(self.shape_policy, self.dynamic)}
 
     def artifact_key(self) -> tuple:
         """Everything here that changes the compiled code (used in the reuse fingerprint)."""
         return (self.backend, self.mode, self.fullgraph, self.dynamic, self.blocks_only,
                 self.force_parameter_static_shapes, self.speed_preset,
-                self.experimental_ptx and self.ptx_fast_math)
+                self.experimental_ptx and self.ptx_fast_math, self.shape_policy)
 
 
 def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynamic=False,
@@ -127,7 +136,8 @@ def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynami
                        reuse_if_similar=True, experimental_ptx=False, ptx_fast_math=True,
                        warmup_runs=1, ptx_cache_dir="", dynamo_recompile_limit=128,
                        force_parameter_static_shapes=False,
-                       allow_unmerged_lora_compile=False) -> dict[str, Any]:
+                       allow_unmerged_lora_compile=False, shape_policy="auto",
+                       declared_shapes="") -> dict[str, Any]:
     """The settings node's output: WanVideoWrapper's 9 keys in its order, then the legacy extras.
 
     ``mode="speed"`` is not a torch mode, so it is translated here, before the dict is built.
@@ -151,6 +161,8 @@ def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynami
         "warmup_runs": warmup_runs,
         "ptx_cache_dir": ptx_cache_dir or "",
         "speed_preset": speed,
+        "shape_policy": shape_policy,
+        "declared_shapes": declared_shapes or "",
     }
     CompileSettings.from_args(args)  # fail here, with the key named, not later in a sampler
     return args
@@ -180,6 +192,32 @@ def _str(a, key, default=None):
     if not isinstance(v, str):
         raise CompileArgsError(f"compile_args[{key!r}] must be a string, got {v!r}")
     return v
+
+
+def _choice(a, key, choices, default):
+    v = a.get(key, default)
+    if v not in choices:
+        raise CompileArgsError(f"compile_args[{key!r}] must be one of {', '.join(choices)}, got {v!r}")
+    return v
+
+
+def parse_declared_shapes(text: str) -> tuple | None:
+    """``"832x480x81"`` (one size) or ``"512x512x1-1280x720x81"`` (min-max): width x height x frames."""
+    text = text.strip().lower().replace(" ", "")
+    if not text:
+        return None
+    try:
+        parts = [tuple(int(n) for n in p.split("x")) for p in text.split("-")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or any(len(p) != 3 or min(p) < 1 for p in parts):
+        raise CompileArgsError(
+            f"compile_args['declared_shapes'] = {text!r}: use WIDTHxHEIGHTxFRAMES, or MIN-MAX "
+            "like 512x512x1-1280x720x81")
+    lo, hi = parts[0], parts[-1]
+    if any(a > b for a, b in zip(lo, hi)):
+        raise CompileArgsError(f"compile_args['declared_shapes'] = {text!r}: min exceeds max")
+    return lo, hi
 
 
 def _backend(v):

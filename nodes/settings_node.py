@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..compile_core.settings import UI_MODES, backend_choices, build_compile_args
+from ..compile_core.shapes import POLICIES
 
 # Order matters: UI-format workflows store widget values by position. The first twelve
 # inputs are the original pack's, in its order and with its defaults; new ones go last.
@@ -35,6 +36,12 @@ _TIPS = {
                                      "Passed to WanVideoWrapper as-is; applied only during the run.",
     "allow_unmerged_lora_compile": "WanVideoWrapper: allow compile with unmerged LoRAs. Native ComfyUI "
                                    "merges LoRA into the weights, which compile handles without it.",
+    "shape_policy": "auto: batch, frames, height and width are dynamic from the first call, so one "
+                    "compile serves every resolution and length (no recompile storms). static: one "
+                    "graph per size (the dynamic toggle off). dynamic: everything symbolic.",
+    "declared_shapes": "Optional sizes you will render, WIDTHxHEIGHTxFRAMES or a MIN-MAX range "
+                       "(e.g. 480x480x33-1280x720x81). With warmup_runs > 0 the model is compiled "
+                       "ahead at the largest size, before the first sampling step.",
 }
 
 
@@ -71,6 +78,8 @@ class TorchCompileSpeedSettings:
             "dynamo_recompile_limit": ("INT", {"default": 128, "min": 0, "max": 1024, "step": 1}),
             "force_parameter_static_shapes": ("BOOLEAN", {"default": False}),
             "allow_unmerged_lora_compile": ("BOOLEAN", {"default": False}),
+            "shape_policy": (list(POLICIES), {"default": "auto"}),
+            "declared_shapes": ("STRING", {"default": ""}),
         }
         return {"required": {k: _tip(k, v) for k, v in required.items()},
                 "optional": {k: _tip(k, v) for k, v in optional.items()}}

@@ -329,6 +329,8 @@ SETTINGS_DEFAULTS = {
     "dynamo_recompile_limit": 128,
     "force_parameter_static_shapes": False,
     "allow_unmerged_lora_compile": False,
+    "shape_policy": "auto",
+    "declared_shapes": "",
 }
 
 _nonce = itertools.count(int(time.time() * 1000) % 1_000_000_000)

@@ -1,0 +1,94 @@
+"""Shape policy: one compiled graph for every latent size a user tries.
+
+Under ``auto``, before each compiled region call the latent-derived dims of its inputs
+(batch and tokens = frames x height x width, or batch/H/W for image UNets) are marked
+dynamic, and inputs are made contiguous (a transposed first-block input otherwise costs a
+second graph through a stride guard). Two traps are closed by scoped fx knobs:
+duck sizing (two dims that happen to be equal get tied to one symbol) and 0/1
+specialisation (a batch of 1 at the first call would pin the batch to 1).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+from torch import nn
+
+POLICIES = ("auto", "static", "dynamic")
+
+# Region forward argument name -> latent-derived dims, per model family (regions.BLOCK_ATTRS keys).
+FAMILY_DYNAMIC_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
+    "WanModel": {"x": (0, 1), "e": (0, 1), "freqs": (1,), "context": (0,)},
+}
+
+
+def fx_knobs(policy: str) -> dict[str, object]:
+    """``torch.fx.experimental._config`` knobs for the run (see module docstring)."""
+    if policy != "auto":
+        return {}
+    return {"use_duck_shape": False, "backed_size_oblivious": True}
+
+
+def torch_dynamic(policy: str, dynamic: bool | None) -> bool | None:
+    """What ``torch.compile(dynamic=)`` gets: explicit True wins; auto lets our marks decide."""
+    if dynamic:
+        return True
+    return None if policy == "auto" else False
+
+
+def _generic_dims(t: torch.Tensor) -> tuple[int, ...]:
+    # [B, S, C] tokens; [B, C, H, W] images; [B, C, T, H, W] video latents
+    return {3: (0, 1), 4: (0, 2, 3), 5: (0, 2, 3, 4)}.get(t.ndim, (0,) if t.ndim else ())
+
+
+class InputShaper:
+    """Prepares the arguments of one region type's calls (cheap: runs on every block call)."""
+
+    def __init__(self, module: nn.Module, family: str, policy: str):
+        self.policy = policy
+        self.dims = FAMILY_DYNAMIC_DIMS.get(family)
+        self.signature = inspect.signature(type(module).forward) if self.dims else None
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if self.signature is not None:
+            bound = self.signature.bind(module, *args, **kwargs)
+            for name, value in bound.arguments.items():
+                if isinstance(value, torch.Tensor):
+                    bound.arguments[name] = self._prepare(value, self.dims.get(name, ()))
+            return bound.args[1:], bound.kwargs
+        # Unknown family: the first tensor is the hidden state; other tensors that share its
+        # batch size get a dynamic batch too. Nothing else is guessed.
+        args = list(args)
+        batch = None
+        for i, value in enumerate(args):
+            if isinstance(value, torch.Tensor):
+                if batch is None:
+                    batch = value.shape[0] if value.ndim else None
+                    args[i] = self._prepare(value, _generic_dims(value))
+                else:
+                    args[i] = self._prepare(value, self._batch_dim(value, batch))
+        kwargs = {k: self._prepare(v, self._batch_dim(v, batch)) if isinstance(v, torch.Tensor) else v
+                  for k, v in kwargs.items()}
+        return tuple(args), kwargs
+
+    @staticmethod
+    def _batch_dim(t: torch.Tensor, batch) -> tuple[int, ...]:
+        return (0,) if t.ndim and batch is not None and t.shape[0] == batch else ()
+
+    def _prepare(self, t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if self.policy == "auto":
+            for d in dims:
+                if d < t.ndim:
+                    torch._dynamo.maybe_mark_dynamic(t, d)
+        return t
+
+
+def shaped_call(compiled: Callable, module: nn.Module, shaper: InputShaper) -> Callable:
+    """The ``_compiled_call_impl`` for one module: shape its inputs, then call ``compiled``."""
+    def call(*args, **kwargs):
+        args, kwargs = shaper(module, args, kwargs)
+        return compiled(module, *args, **kwargs)
+    return call
