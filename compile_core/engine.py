@@ -22,6 +22,7 @@ from torch import nn
 
 from . import fallback, log, scoped, shapes, warmup
 from .fingerprint import fingerprint
+from .persist import PersistentCache
 from .regions import RegionPlan, plan_regions
 from .registry import REGISTRY, CompiledEntry, ReuseRegistry
 from .settings import CompileSettings
@@ -72,6 +73,12 @@ def _graph_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _fx_cache_counts() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+    c = counters["inductor"]
+    return int(c["fxgraph_cache_hit"]), int(c["fxgraph_cache_miss"])
+
+
 @dataclasses.dataclass
 class CompiledModel:
     settings: CompileSettings
@@ -80,6 +87,7 @@ class CompiledModel:
     reused: bool
     description: str
     ptx_cache_dir: Path | None = None
+    persistent: PersistentCache | None = None
     _warmed: bool = False
     _ran: bool = False
     changed: bool = False
@@ -97,8 +105,12 @@ class CompiledModel:
         if self.entry.failed:
             return call()
         on_cuda = device.type == "cuda"
-        env = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
+        env = self.persistent.env(self.fingerprint) if self.persistent else {}
+        env.update(warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir))
+        if self.persistent and self.entry.graphs == 0 and on_cuda:
+            self.persistent.load_megacache(self.fingerprint)
         graphs_before, start = _graph_count(), time.perf_counter()
+        cache_before = _fx_cache_counts()
         failure = ""
         try:
             with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env), \
@@ -126,8 +138,30 @@ class CompiledModel:
             self.changed = True
             return out
         first, self._ran = not self._ran, True
-        self.changed = self._record(time.perf_counter() - start, _graph_count() - graphs_before) or first
+        new_graphs = _graph_count() - graphs_before
+        self.changed = self._record(time.perf_counter() - start, new_graphs) or first
+        if new_graphs:
+            self._note_cache(cache_before, on_cuda)
         return out
+
+    def _note_cache(self, before: tuple[int, int], on_cuda: bool) -> None:
+        """Record (and log) whether the inductor caches served this compile, and persist it."""
+        hits, misses = (a - b for a, b in zip(_fx_cache_counts(), before))
+        e = self.entry
+        e.cache_hits += hits
+        e.cache_misses += misses
+        if self.persistent is None or self.settings.backend != "inductor":
+            return
+        where = self.persistent.entry_dir(self.fingerprint)
+        if hits and not misses:
+            log.info("persistent cache hit: %d compiled graph(s) loaded from %s", hits, where)
+        else:
+            log.info("persistent cache miss (%d hit, %d new): saving to %s", hits, misses, where)
+        self.persistent.mark_complete(self.fingerprint, {"regions": self.description})
+        if on_cuda:
+            self.persistent.save_megacache(self.fingerprint)
+        self.persistent.touch(self.fingerprint)
+        self.persistent.evict(keep=self.fingerprint)
 
     def _record(self, seconds: float, new_graphs: int) -> bool:
         e = self.entry
@@ -144,7 +178,8 @@ class CompiledModel:
 
 
 def prepare(diffusion_model: nn.Module, settings: CompileSettings,
-            registry: ReuseRegistry = REGISTRY, ptx_cache_dir: Path | None = None) -> CompiledModel:
+            registry: ReuseRegistry = REGISTRY, ptx_cache_dir: Path | None = None,
+            persistent: PersistentCache | None = None) -> CompiledModel:
     """Plan regions and find (reuse_if_similar) or build the compiled callable for this model."""
     plan = plan_regions(diffusion_model, settings.blocks_only)
     fp = fingerprint(diffusion_model, plan, settings)
@@ -156,4 +191,4 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     description = plan.describe(diffusion_model)
     log.info("%s %s [%s, mode=%s, fingerprint %s]", "reusing compiled" if reused else "will compile",
              description, settings.backend, settings.mode, fp[:12])
-    return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir)
+    return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent)

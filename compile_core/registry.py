@@ -24,6 +24,8 @@ class CompiledEntry:
     first_run_graphs: int = 0  # graphs of its first run (the rest are recompiles)
     compile_seconds: float = 0.0
     reuses: int = 0            # applies that found this entry already built
+    cache_hits: int = 0        # inductor FX-graph cache hits while compiling (persistent warm start)
+    cache_misses: int = 0
 
 
 class ReuseRegistry:

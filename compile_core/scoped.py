@@ -45,8 +45,11 @@ def scoped_state(dynamo: Mapping[str, object] | None = None,
     f = _known(fx_config, fx or {}, "torch.fx.experimental._config")
     i = _known(inductor_config, {**(inductor or {}), **ALWAYS_INDUCTOR}, "torch._inductor.config")
     saved_env = {k: os.environ.get(k) for k in (env or {})}
+    moves_cache = any(saved_env.get(k) != v for k, v in (env or {}).items() if k in _CACHE_DIR_VARS)
     try:
         os.environ.update(env or {})
+        if moves_cache:
+            _clear_inductor_caches()
         with dynamo_config.patch(d), inductor_config.patch(i), fx_config.patch(f):
             yield
     finally:
@@ -55,6 +58,21 @@ def scoped_state(dynamo: Mapping[str, object] | None = None,
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        if moves_cache:
+            _clear_inductor_caches()
+
+
+_CACHE_DIR_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def _clear_inductor_caches() -> None:
+    """What torch's own ``temporary_cache_dir`` does on a cache-dir switch: drop the in-memory
+    lookups that remember the previous directory."""
+    try:
+        from torch._inductor.utils import clear_caches
+        clear_caches()
+    except ImportError:
+        pass
 
 
 def knobs_for(settings, on_cuda: bool) -> dict[str, dict]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 def status_payload(compiled, node_id: str | None = None) -> dict:
     """``state`` is one of: ``eager-fallback`` (compile failed), ``reused`` (compiled work found
-    in this server), ``cold`` (compiled here), ``pending`` (not run yet)."""
+    in this server), ``warm`` (compiled here from the persistent cache), ``cold`` (compiled from
+    scratch), ``pending`` (not run yet)."""
     e = compiled.entry
     if e.failed:
         state = "eager-fallback"
     elif compiled.reused:
         state = "reused"
+    elif e.runs and e.cache_hits and not e.cache_misses:
+        state = "warm"
     elif e.runs:
         state = "cold"
     else:
@@ -28,4 +31,6 @@ def status_payload(compiled, node_id: str | None = None) -> dict:
         "runs": e.runs,
         "fallback_reason": e.failed,
         "fingerprint": e.fingerprint[:12],
+        "cache": ("hit" if e.cache_hits and not e.cache_misses else
+                  "miss" if e.cache_misses else "none"),
     }

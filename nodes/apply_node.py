@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..compile_core import engine, fallback, log
 from ..compile_core.paths import allowed_roots, resolve_cache_dir
+from ..compile_core.persist import PersistentCache
 from ..compile_core.settings import CompileSettings
 from ..compile_core.status import status_payload
 
@@ -28,14 +29,15 @@ class ApplyTorchCompile:
         from . import comfy_bridge  # the one module that touches ComfyUI internals
 
         settings = CompileSettings.from_args(compile_args)  # bad input: clear error, nothing changed
+        user = comfy_bridge.user_directory()
         ptx_dir = None
         if settings.experimental_ptx:
-            user = comfy_bridge.user_directory()
             roots = allowed_roots(user, comfy_bridge.temp_directory())
             ptx_dir = resolve_cache_dir(settings.ptx_cache_dir, user, roots)
         try:
             compiled = engine.prepare(comfy_bridge.diffusion_model(model), settings,
-                                      ptx_cache_dir=ptx_dir)
+                                      ptx_cache_dir=ptx_dir,
+                                      persistent=PersistentCache.default(user))
         except Exception as exc:  # noqa: BLE001
             if not fallback.is_compile_failure(exc):
                 raise

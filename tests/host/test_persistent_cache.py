@@ -1,0 +1,38 @@
+"""Issue #3 persistent warm start on a real ComfyUI server: a restarted server (new process,
+same base directory) loads the compiled graphs from the per-fingerprint cache."""
+import time
+
+import pytest
+
+from harness import ComfyHost, wan_t2v_prompt
+
+SETTINGS = {"backend": "inductor", "mode": "default"}
+
+
+def rel_l2(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.slow
+def test_restarted_server_hits_persistent_cache(tmp_path, tiny_wan_path):
+    base = tmp_path / "server"
+    cache_root = base / "user" / "torch_compile_speed" / "cache"
+    timings, logs = [], []
+    for restart in range(2):
+        host = ComfyHost(base, models=[tiny_wan_path])
+        # a fresh process with torch's default inductor dir emptied: only our cache can help
+        host.env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / f"default_inductor_{restart}")
+        with host:
+            eager = host.latent(host.run(wan_t2v_prompt(tiny_wan_path.name, apply=False, prefix="e")))
+            offset = host.log_offset()
+            t = time.perf_counter()
+            hist = host.run(wan_t2v_prompt(tiny_wan_path.name, compile_settings=SETTINGS, prefix="c"))
+            timings.append(time.perf_counter() - t)
+            logs.append(host.log_text(since=offset))
+            assert rel_l2(host.latent(hist), eager) < 1e-3
+    entries = [p for p in cache_root.iterdir() if p.is_dir()]
+    assert len(entries) == 1 and (entries[0] / "meta.json").is_file()
+    assert "persistent cache miss" in logs[0]
+    assert "persistent cache hit" in logs[1], logs[1]
+    print(f"\ncold first compiled run {timings[0]:.1f}s, after restart {timings[1]:.1f}s")
+    assert timings[1] < timings[0]
