@@ -96,6 +96,10 @@ class CompiledModel:
     def fingerprint(self) -> str:
         return self.entry.fingerprint
 
+    def mark_warmed(self) -> None:
+        """Kernels are being warmed elsewhere (compile-ahead): skip the first-call PTX warm-up."""
+        self._warmed = True
+
     def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device):
         """Run ``call`` (one model evaluation) with the regions compiled; eager on failure.
 

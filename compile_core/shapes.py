@@ -19,7 +19,8 @@ POLICIES = ("auto", "static", "dynamic")
 
 # Region forward argument name -> latent-derived dims, per model family (regions.BLOCK_ATTRS keys).
 FAMILY_DYNAMIC_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
-    "WanModel": {"x": (0, 1), "e": (0, 1), "freqs": (1,), "context": (0,)},
+    # context: WAN's text encoder pads to >= 512 tokens; longer prompts give longer contexts
+    "WanModel": {"x": (0, 1), "e": (0, 1), "freqs": (1,), "context": (0, 1)},
 }
 
 

@@ -39,3 +39,41 @@ def warm(call: Callable[[], object], runs: int, device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
+
+
+# Family -> how a declared (width, height, frames) becomes the diffusion model's inputs.
+# WAN: VAE compresses time 4x and space 8x (16x for the 48-channel WAN 2.2 VAE); the text
+# encoder pads context to >= 512 tokens of the text embedding's input width.
+def _wan_inputs(dm, latent_channels: int, size, device, dtype):
+    width, height, frames = size
+    spatial = 16 if latent_channels == 48 else 8
+    lat = (1, latent_channels, (frames - 1) // 4 + 1, max(height // spatial, 2), max(width // spatial, 2))
+    inputs = {
+        "x": torch.randn(lat, device=device, dtype=torch.float32),
+        "t": torch.full((1,), 0.5, device=device),
+        "c_crossattn": torch.zeros(1, 512, dm.text_embedding[0].in_features, device=device, dtype=dtype),
+    }
+    extra = dm.patch_embedding.in_channels - latent_channels  # i2v models take a concat latent
+    if extra > 0:
+        inputs["c_concat"] = torch.zeros((1, extra) + lat[2:], device=device, dtype=torch.float32)
+    return inputs
+
+
+AHEAD_INPUTS = {"WanModel": _wan_inputs}
+
+
+def ahead_sizes(settings) -> list[tuple[int, int, int]]:
+    """Which declared sizes to compile ahead: the largest one covers all under a dynamic policy;
+    a static policy needs each end of the range."""
+    if not settings.declared_shapes or not settings.warmup_runs:
+        return []
+    lo, hi = settings.declared_shapes
+    if settings.shape_policy == "static" and not settings.dynamic and lo != hi:
+        return [lo, hi]
+    return [hi]
+
+
+def ahead_inputs(diffusion_model, family: str, latent_channels: int, size, device, dtype):
+    """Inputs shaped like the declared latent, or None when this family has no recipe."""
+    build = AHEAD_INPUTS.get(family)
+    return None if build is None else build(diffusion_model, latent_channels, size, device, dtype)

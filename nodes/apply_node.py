@@ -44,5 +44,7 @@ class ApplyTorchCompile:
             log.warning("torch.compile could not be set up, so the model stays eager. %s",
                         fallback.explain(exc))
             return (model,)
+        patched = comfy_bridge.with_compile_wrapper(model, compiled, unique_id)
+        comfy_bridge.compile_ahead(patched, compiled)
         comfy_bridge.send_status(status_payload(compiled, unique_id))
-        return (comfy_bridge.with_compile_wrapper(model, compiled, unique_id),)
+        return (patched,)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import comfy.patcher_extension as patcher_extension
 import folder_paths
 
-from ..compile_core import log
+from ..compile_core import log, warmup
 from ..compile_core.status import status_payload
 
 WRAPPER_KEY = "torch_compile_speed"
@@ -37,6 +37,41 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
 
     clone.add_wrapper_with_key(apply_model, WRAPPER_KEY, torch_compile_speed_wrapper)
     return clone
+
+
+def compile_ahead(model_patcher, compiled) -> None:
+    """Compile before sampling: run the compiled model on inputs shaped like the declared
+    latent(s), ``warmup_runs`` times, with ComfyUI's progress bar."""
+    import time
+
+    import comfy.model_management
+    import comfy.utils
+    import torch
+
+    sizes = warmup.ahead_sizes(compiled.settings)
+    if not sizes:
+        return
+    base = model_patcher.model
+    comfy.model_management.load_models_gpu([model_patcher])
+    device = model_patcher.load_device
+    dtype = base.manual_cast_dtype or base.get_dtype()
+    runs = compiled.settings.warmup_runs
+    pbar = comfy.utils.ProgressBar(runs * len(sizes))
+    compiled.mark_warmed()
+    for size in sizes:
+        inputs = warmup.ahead_inputs(base.diffusion_model, compiled.plan.family,
+                                     base.latent_format.latent_channels, size, device, dtype)
+        if inputs is None:
+            log.info("no compile-ahead recipe for %s; it compiles at the first sampling step",
+                     type(base.diffusion_model).__name__)
+            return
+        start = time.perf_counter()
+        for _ in range(runs):
+            with torch.no_grad():
+                compiled.run(base.diffusion_model, lambda: base.apply_model(**inputs), device)
+            pbar.update(1)
+        log.info("compiled ahead for %dx%dx%d (%d run(s)) in %.1f s", *size, runs,
+                 time.perf_counter() - start)
 
 
 def user_directory() -> str:
