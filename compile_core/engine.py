@@ -109,8 +109,8 @@ class CompiledModel:
         if self.entry.failed:
             return call()
         on_cuda = device.type == "cuda"
-        env = self.persistent.env(self.fingerprint) if self.persistent else {}
-        env.update(warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir))
+        ptx = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
+        env = {**(self.persistent.env(self.fingerprint) if self.persistent else {}), **ptx}
         if self.persistent and self.entry.graphs == 0 and on_cuda:
             self.persistent.load_megacache(self.fingerprint)
         graphs_before, start = _graph_count(), time.perf_counter()
@@ -120,7 +120,7 @@ class CompiledModel:
             with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env), \
                     attached(self.plan.modules(diffusion_model), self.entry.compiled,
                              self.plan.family, self.settings.shape_policy):
-                if env and not self._warmed and self.settings.warmup_runs:
+                if ptx and not self._warmed and self.settings.warmup_runs:
                     secs = warmup.warm(call, self.settings.warmup_runs, device)
                     log.info("warmed Triton kernels %d time(s) on %s in %.1f s",
                              self.settings.warmup_runs, device, secs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..compile_core import engine, fallback, log
 from ..compile_core.paths import allowed_roots, resolve_cache_dir
 from ..compile_core.persist import PersistentCache
+from ..compile_core.preflight import preflight
 from ..compile_core.settings import CompileSettings
 from ..compile_core.status import status_payload
 
@@ -34,8 +35,16 @@ class ApplyTorchCompile:
         if settings.experimental_ptx:
             roots = allowed_roots(user, comfy_bridge.temp_directory())
             ptx_dir = resolve_cache_dir(settings.ptx_cache_dir, user, roots)
+        dm = comfy_bridge.diffusion_model(model)
+        checked, findings = preflight(settings, comfy_bridge.load_device(model),
+                                      {p.dtype for p in dm.parameters()})
+        for f in findings:
+            log.warn_once(f"preflight:{f.check}:{f.message}", "preflight: %s", f.message)
+        if checked is None:
+            return (model,)
+        settings = checked
         try:
-            compiled = engine.prepare(comfy_bridge.diffusion_model(model), settings,
+            compiled = engine.prepare(dm, settings,
                                       ptx_cache_dir=ptx_dir,
                                       persistent=PersistentCache.default(user))
         except Exception as exc:  # noqa: BLE001

@@ -21,6 +21,10 @@ def diffusion_model(model_patcher):
     return model_patcher.get_model_object("diffusion_model")
 
 
+def load_device(model_patcher):
+    return model_patcher.load_device
+
+
 def with_compile_wrapper(model_patcher, compiled, node_id=None):
     clone = model_patcher.clone()
     apply_model = patcher_extension.WrappersMP.APPLY_MODEL
