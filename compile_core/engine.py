@@ -73,6 +73,23 @@ def _graph_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _frames_since(start_us: int) -> list[dict]:
+    """Dynamo's own compilation records (one per compiled frame; it keeps the last 64) that
+    started after ``start_us``: where, how long, and for recompiles the guard that failed."""
+    from torch._dynamo.utils import get_compilation_metrics
+    out = []
+    for m in get_compilation_metrics():
+        if (m.start_time_us or 0) < start_us:
+            continue
+        out.append({
+            "frame": f"{m.co_name} at {m.co_filename}:{m.co_firstlineno}",
+            "seconds": round(m.entire_frame_compile_time_s or 0.0, 3),
+            "recompile_reason": m.recompile_reason or "",
+            "graph_breaks": m.num_graph_breaks or 0,
+        })
+    return out
+
+
 def _fx_cache_counts() -> tuple[int, int]:
     from torch._dynamo.utils import counters
     c = counters["inductor"]
@@ -114,7 +131,7 @@ class CompiledModel:
         if self.persistent and self.entry.graphs == 0 and on_cuda:
             self.persistent.load_megacache(self.fingerprint)
         graphs_before, start = _graph_count(), time.perf_counter()
-        cache_before = _fx_cache_counts()
+        cache_before, run_start_us = _fx_cache_counts(), time.time_ns() // 1000
         failure = ""
         try:
             with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env), \
@@ -145,6 +162,7 @@ class CompiledModel:
         new_graphs = _graph_count() - graphs_before
         self.changed = self._record(time.perf_counter() - start, new_graphs) or first
         if new_graphs:
+            self.entry.frames.extend(_frames_since(run_start_us))
             self._note_cache(cache_before, on_cuda)
         return out
 

@@ -26,6 +26,7 @@ class CompiledEntry:
     reuses: int = 0            # applies that found this entry already built
     cache_hits: int = 0        # inductor FX-graph cache hits while compiling (persistent warm start)
     cache_misses: int = 0
+    frames: list = dataclasses.field(default_factory=list)  # engine._frames_since records
 
 
 class ReuseRegistry:
