@@ -22,6 +22,7 @@ from torch import nn
 
 from . import fallback, log, scoped, shapes, warmup
 from .fingerprint import fingerprint
+from .fleet import Fleet
 from .persist import PersistentCache
 from .regions import RegionPlan, plan_regions
 from .registry import REGISTRY, CompiledEntry, ReuseRegistry
@@ -105,6 +106,7 @@ class CompiledModel:
     description: str
     ptx_cache_dir: Path | None = None
     persistent: PersistentCache | None = None
+    fleet: Fleet | None = None
     _warmed: bool = False
     _ran: bool = False
     changed: bool = False
@@ -128,8 +130,8 @@ class CompiledModel:
         on_cuda = device.type == "cuda"
         ptx = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
         env = {**(self.persistent.env(self.fingerprint) if self.persistent else {}), **ptx}
-        if self.persistent and self.entry.graphs == 0 and on_cuda:
-            self.persistent.load_megacache(self.fingerprint)
+        if self.persistent and self.entry.graphs == 0 and not self.entry.failed:
+            self._before_first_compile(device)
         graphs_before, start = _graph_count(), time.perf_counter()
         cache_before, run_start_us = _fx_cache_counts(), time.time_ns() // 1000
         failure = ""
@@ -163,10 +165,19 @@ class CompiledModel:
         self.changed = self._record(time.perf_counter() - start, new_graphs) or first
         if new_graphs:
             self.entry.frames.extend(_frames_since(run_start_us))
-            self._note_cache(cache_before, on_cuda)
+            self._note_cache(cache_before, on_cuda, device)
         return out
 
-    def _note_cache(self, before: tuple[int, int], on_cuda: bool) -> None:
+    def _before_first_compile(self, device: torch.device) -> None:
+        """Warm the local cache from the fleet's shared store (once), then load mega-cache bytes."""
+        fp, local = self.fingerprint, self.persistent
+        if self.fleet and not self.entry.fleet_checked and not local.is_complete(fp):
+            self.entry.fleet_checked = True
+            self.entry.fleet_hit = self.fleet.fetch_into(fp, device, local.inductor_dir(fp))
+        if device.type == "cuda":
+            local.load_megacache(fp)
+
+    def _note_cache(self, before: tuple[int, int], on_cuda: bool, device: torch.device) -> None:
         """Record (and log) whether the inductor caches served this compile, and persist it."""
         hits, misses = (a - b for a, b in zip(_fx_cache_counts(), before))
         e = self.entry
@@ -182,6 +193,8 @@ class CompiledModel:
         self.persistent.mark_complete(self.fingerprint, {"regions": self.description})
         if on_cuda:
             self.persistent.save_megacache(self.fingerprint)
+        if self.fleet and misses:  # this worker built something the fleet may not have
+            self.fleet.publish_from(self.fingerprint, device, self.persistent.inductor_dir(self.fingerprint))
         self.persistent.touch(self.fingerprint)
         self.persistent.evict(keep=self.fingerprint)
 
@@ -201,7 +214,7 @@ class CompiledModel:
 
 def prepare(diffusion_model: nn.Module, settings: CompileSettings,
             registry: ReuseRegistry = REGISTRY, ptx_cache_dir: Path | None = None,
-            persistent: PersistentCache | None = None) -> CompiledModel:
+            persistent: PersistentCache | None = None, fleet: Fleet | None = None) -> CompiledModel:
     """Plan regions and find (reuse_if_similar) or build the compiled callable for this model."""
     plan = plan_regions(diffusion_model, settings.blocks_only)
     fp = fingerprint(diffusion_model, plan, settings)
@@ -213,4 +226,4 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     description = plan.describe(diffusion_model)
     log.info("%s %s [%s, mode=%s, fingerprint %s]", "reusing compiled" if reused else "will compile",
              description, settings.backend, settings.mode, fp[:12])
-    return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent)
+    return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet)

@@ -27,6 +27,8 @@ class CompiledEntry:
     cache_hits: int = 0        # inductor FX-graph cache hits while compiling (persistent warm start)
     cache_misses: int = 0
     frames: list = dataclasses.field(default_factory=list)  # engine._frames_since records
+    fleet_checked: bool = False  # the shared store was asked once for this entry
+    fleet_hit: bool = False
 
 
 class ReuseRegistry:

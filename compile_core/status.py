@@ -33,4 +33,5 @@ def status_payload(compiled, node_id: str | None = None) -> dict:
         "fingerprint": e.fingerprint[:12],
         "cache": ("hit" if e.cache_hits and not e.cache_misses else
                   "miss" if e.cache_misses else "none"),
+        "shared_cache": "hit" if e.fleet_hit else ("miss" if e.fleet_checked else "off"),
     }

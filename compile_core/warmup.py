@@ -48,15 +48,36 @@ def _wan_inputs(dm, latent_channels: int, size, device, dtype):
     width, height, frames = size
     spatial = 16 if latent_channels == 48 else 8
     lat = (1, latent_channels, (frames - 1) // 4 + 1, max(height // spatial, 2), max(width // spatial, 2))
+    return _wan_latent_inputs(dm, lat, device, dtype)
+
+
+def _wan_latent_inputs(dm, latent_shape, device, dtype, sigma: float = 0.5):
+    """WAN inputs for a latent of ``latent_shape`` ([B, C, T, H, W]): random x, zero context."""
+    batch, channels = latent_shape[0], latent_shape[1]
     inputs = {
-        "x": torch.randn(lat, device=device, dtype=torch.float32),
-        "t": torch.full((1,), 0.5, device=device),
-        "c_crossattn": torch.zeros(1, 512, dm.text_embedding[0].in_features, device=device, dtype=dtype),
+        "x": torch.randn(tuple(latent_shape), device=device, dtype=torch.float32),
+        "t": torch.full((batch,), sigma, device=device),
+        "c_crossattn": torch.zeros(batch, 512, dm.text_embedding[0].in_features, device=device, dtype=dtype),
     }
-    extra = dm.patch_embedding.in_channels - latent_channels  # i2v models take a concat latent
+    extra = dm.patch_embedding.in_channels - channels  # i2v models take a concat latent
     if extra > 0:
-        inputs["c_concat"] = torch.zeros((1, extra) + lat[2:], device=device, dtype=torch.float32)
+        inputs["c_concat"] = torch.zeros((batch, extra) + tuple(latent_shape[2:]), device=device,
+                                         dtype=torch.float32)
     return inputs
+
+
+LATENT_INPUTS = {"WanModel": _wan_latent_inputs}
+
+
+def latent_inputs(diffusion_model, family: str, latent_shape, device, dtype, sigma: float = 0.5):
+    """``apply_model`` inputs for a latent of ``latent_shape`` (random values) and ``True``, or,
+    for a family without a recipe, only ``x``/``t`` and ``False`` (the call may then fail)."""
+    build = LATENT_INPUTS.get(family)
+    if build is not None:
+        return build(diffusion_model, latent_shape, device, dtype, sigma), True
+    batch = latent_shape[0] if len(latent_shape) else 1
+    return {"x": torch.randn(tuple(latent_shape), device=device, dtype=torch.float32),
+            "t": torch.full((batch,), sigma, device=device)}, False
 
 
 AHEAD_INPUTS = {"WanModel": _wan_inputs}

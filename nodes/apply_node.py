@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..compile_core import engine, fallback, log
 from ..compile_core.paths import allowed_roots, resolve_cache_dir
+from ..compile_core.fleet import Fleet
 from ..compile_core.persist import PersistentCache
 from ..compile_core.preflight import preflight
 from ..compile_core.settings import CompileSettings
@@ -46,7 +47,8 @@ class ApplyTorchCompile:
         try:
             compiled = engine.prepare(dm, settings,
                                       ptx_cache_dir=ptx_dir,
-                                      persistent=PersistentCache.default(user))
+                                      persistent=PersistentCache.default(user),
+                                      fleet=Fleet.from_env())
         except Exception as exc:  # noqa: BLE001
             if not fallback.is_compile_failure(exc):
                 raise

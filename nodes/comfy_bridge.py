@@ -39,8 +39,79 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
             send_status(status_payload(compiled, node_id))
         return out
 
+    # found again by compiled_model_of (the Diagnostics node) on this clone and its clones
+    torch_compile_speed_wrapper.compiled_model = compiled
+    torch_compile_speed_wrapper.node_id = node_id
     clone.add_wrapper_with_key(apply_model, WRAPPER_KEY, torch_compile_speed_wrapper)
     return clone
+
+
+def compiled_model_of(model_patcher):
+    """``(CompiledModel, Apply node id)`` installed on this model by ``with_compile_wrapper``,
+    or ``(None, None)`` when the model is not compiled by this pack."""
+    for w in model_patcher.get_wrappers(patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY):
+        compiled = getattr(w, "compiled_model", None)
+        if compiled is not None:
+            return compiled, getattr(w, "node_id", None)
+    return None, None
+
+
+def without_compile_wrapper(model_patcher):
+    """A clone of ``model_patcher`` that runs eagerly (our APPLY_MODEL wrapper removed)."""
+    clone = model_patcher.clone()
+    clone.remove_wrappers_with_key(patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY)
+    return clone
+
+
+def diagnosis_calls(model_patcher, compiled, latent_samples):
+    """What the Diagnostics node measures: one eager and one compiled model step on inputs
+    shaped like ``latent_samples`` (random values), as ``diagnostics.diagnose`` takes them.
+
+    Eager is ``BaseModel.apply_model`` without our wrapper; compiled is the same call through
+    ``CompiledModel.run``, exactly as the wrapper runs it during sampling. ``transformer_options``
+    are the model's own (minus wrappers) plus what the sampler adds per step, so the compiled
+    regions see what they see while sampling (and do not recompile for the diagnosis)."""
+    import os
+    import types
+    import uuid
+
+    import comfy.model_management
+    import torch
+
+    from ..compile_core import regions
+
+    comfy.model_management.load_models_gpu([model_patcher])
+    base = model_patcher.model
+    dm = base.diffusion_model
+    device = model_patcher.load_device
+    dtype = base.manual_cast_dtype or base.get_dtype()
+    shape = tuple(latent_samples.shape)
+    family = regions.family_of(dm)
+    try:
+        sigma = float(base.model_sampling.percent_to_sigma(0.5))
+    except Exception:  # noqa: BLE001 - any mid-schedule sigma will do
+        sigma = 0.5
+    inputs, known = warmup.latent_inputs(dm, family, shape, device, dtype, sigma)
+    options = dict(model_patcher.model_options.get("transformer_options", {}))
+    options.pop("wrappers", None)
+    options.pop("callbacks", None)
+    options.update({"cond_or_uncond": [0] * shape[0], "uuids": [uuid.uuid4()] * shape[0],
+                    "sigmas": inputs["t"]})
+    inputs["transformer_options"] = options
+
+    def eager():
+        return base.apply_model(**inputs)
+
+    def compiled_call():
+        return compiled.run(dm, eager, device)
+
+    note = (f"latent {list(shape)} with random values, "
+            + (f"{family} inputs" if known else "x and t only (no input recipe for "
+               f"{type(dm).__name__})") + f", on {device}")
+    comfy_root = os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__)))
+    return types.SimpleNamespace(
+        diffusion_model=dm, device=device, eager=eager, compiled=compiled_call, note=note,
+        path_roots=(comfy_root,), reraise=(comfy.model_management.InterruptProcessingException,))
 
 
 def compile_ahead(model_patcher, compiled) -> None:

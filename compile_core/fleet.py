@@ -1,0 +1,269 @@
+"""Shared compile cache for a fleet of ComfyUI workers: compile once, warm-start everywhere.
+
+Configured by the server operator only, through ``TORCH_COMPILE_SPEED_SHARED_CACHE``
+(``redis://host:port/db`` or a directory such as a network volume); a workflow can never
+name a store. After a successful compile a worker publishes its per-fingerprint inductor
+cache directory (the built ``.so`` files on CPU; Triton kernels and, on GPU, the torch
+mega-cache bytes) as one archive; a worker whose local cache lacks that fingerprint fetches
+and unpacks it before compiling, so torch finds its caches warm.
+
+Safety: entries are size-limited (and expire in Redis), carry a SHA-256 of their payload that
+is checked before anything is unpacked, and archive members that are absolute, contain
+``..``, or are links/devices are rejected. Nothing from the store is executed except what
+torch itself loads from its cache directory. Any store problem costs at most a bounded
+timeout and one warning; the worker then compiles locally.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import platform
+import subprocess
+import tarfile
+import time
+from pathlib import Path, PurePosixPath
+
+import torch
+
+from . import log
+
+STORE_ENV = "TORCH_COMPILE_SPEED_SHARED_CACHE"
+MAX_MB_ENV = "TORCH_COMPILE_SPEED_SHARED_MAX_MB"
+TTL_ENV = "TORCH_COMPILE_SPEED_SHARED_TTL_S"
+TIMEOUT_ENV = "TORCH_COMPILE_SPEED_SHARED_TIMEOUT_S"
+MAGIC = b"TCSFLEET1\n"
+KEY_PREFIX = "tcs:compile:"
+
+
+class FleetError(RuntimeError):
+    """A shared entry is missing, incompatible, corrupt or unsafe."""
+
+
+# --------------------------------------------------------------------------- artifact identity
+
+@functools.lru_cache(maxsize=None)
+def _cpu_identity() -> str:
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        flags = platform.processor()
+    try:
+        from torch._inductor import cpp_builder
+        cxx = cpp_builder.get_cpp_compiler()
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                                 timeout=20).stdout.splitlines()[0]
+    except Exception:  # noqa: BLE001 - no compiler: the key still differs from one that has it
+        version = "no-cxx"
+    march = os.environ.get("TORCHINDUCTOR_CPP_MARCH", "native")
+    return "cpu:" + hashlib.sha256(f"{flags}|{version}|{march}".encode()).hexdigest()[:16]
+
+
+def _triton_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("triton")
+    except Exception:  # noqa: BLE001
+        return "none"
+
+
+def artifact_identity(device: torch.device) -> dict[str, str]:
+    """Everything besides the fingerprint that makes a compiled artifact valid on a worker."""
+    ident = {"torch": torch.__version__, "triton": _triton_version(),
+             "cuda": str(torch.version.cuda), "python": platform.python_version()}
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        ident["target"] = f"sm_{major}{minor}"
+    else:
+        ident["target"] = _cpu_identity()
+    return ident
+
+
+def artifact_key(fingerprint: str, device: torch.device) -> str:
+    ident = json.dumps(artifact_identity(device), sort_keys=True)
+    return hashlib.sha256(f"{fingerprint}|{ident}".encode()).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------- archives
+
+def pack_dir(src: Path) -> bytes:
+    """A gzip tar of the regular files under ``src`` with relative names (links are skipped)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=3) as tar:
+        for path in sorted(src.rglob("*")):
+            if path.is_file() and not path.is_symlink() and not path.name.endswith((".lock", ".tmp")):
+                tar.add(path, arcname=path.relative_to(src).as_posix(), recursive=False)
+    return buf.getvalue()
+
+
+def unpack_into(data: bytes, dest: Path) -> int:
+    """Extract ``data`` under ``dest`` after checking every member; returns the file count."""
+    dest = dest.resolve()
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        members = tar.getmembers()
+        for m in members:
+            name = PurePosixPath(m.name)
+            if name.is_absolute() or ".." in name.parts or m.name.startswith(("/", "\\")):
+                raise FleetError(f"unsafe archive member {m.name!r} (absolute or '..')")
+            if not (m.isfile() or m.isdir()):
+                raise FleetError(f"unsafe archive member {m.name!r} (link or special file)")
+            if not (dest / m.name).resolve().is_relative_to(dest):
+                raise FleetError(f"archive member {m.name!r} escapes {dest}")
+        dest.mkdir(parents=True, exist_ok=True)
+        for m in members:
+            target = dest / m.name
+            if m.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(m)
+            tmp = target.with_name(target.name + ".fleet-tmp")
+            with open(tmp, "wb") as out:
+                out.write(src.read())
+            os.chmod(tmp, 0o644 | (0o111 if m.mode & 0o111 else 0))
+            os.replace(tmp, target)
+    return sum(1 for m in members if m.isfile())
+
+
+def seal(key: str, identity: dict, payload: bytes) -> bytes:
+    header = {"key": key, "identity": identity, "sha256": hashlib.sha256(payload).hexdigest(),
+              "size": len(payload), "created": time.time(), "format": "inductor-dir.tar.gz"}
+    return MAGIC + json.dumps(header).encode() + b"\n" + payload
+
+
+def unseal(blob: bytes, key: str, identity: dict) -> bytes:
+    if not blob.startswith(MAGIC):
+        raise FleetError("not a TorchCompileSpeed fleet entry")
+    try:
+        head, payload = blob[len(MAGIC):].split(b"\n", 1)
+        header = json.loads(head)
+    except ValueError as exc:
+        raise FleetError(f"unreadable entry header ({exc})") from exc
+    if header.get("key") != key or header.get("identity") != identity:
+        raise FleetError("entry was built for another torch/compiler/device (incompatible key)")
+    if len(payload) != header.get("size") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+        raise FleetError("entry content does not match its SHA-256 (corrupt or truncated)")
+    return payload
+
+
+# --------------------------------------------------------------------------- stores
+
+class DirStore:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def describe(self) -> str:
+        return f"directory {self.root}"
+
+    def get(self, key: str) -> bytes | None:
+        path = self.root / f"{key}.tcs"
+        return path.read_bytes() if path.is_file() else None
+
+    def put(self, key: str, blob: bytes) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{key}.{os.getpid()}.tmp"
+        tmp.write_bytes(blob)
+        os.replace(tmp, self.root / f"{key}.tcs")
+
+
+class RedisStore:
+    def __init__(self, url: str, timeout_s: float, ttl_s: int):
+        import redis  # the optional dependency is only needed when an operator configures Redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+        self.url, self.ttl_s = url, ttl_s
+        # one attempt, bounded by timeout_s: a store that is down must cost little, once
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                           socket_connect_timeout=timeout_s,
+                                           retry=Retry(NoBackoff(), 0))
+
+    def describe(self) -> str:
+        return f"redis {self.url}"
+
+    def get(self, key: str) -> bytes | None:
+        return self.client.get(KEY_PREFIX + key)
+
+    def put(self, key: str, blob: bytes) -> None:
+        self.client.set(KEY_PREFIX + key, blob, ex=self.ttl_s)
+
+
+def store_from_env() -> DirStore | RedisStore | None:
+    spec = os.environ.get(STORE_ENV, "").strip()
+    if not spec:
+        return None
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(spec, float(os.environ.get(TIMEOUT_ENV, "3")),
+                          int(os.environ.get(TTL_ENV, str(7 * 24 * 3600))))
+    return DirStore(spec)
+
+
+# --------------------------------------------------------------------------- fetch / publish
+
+class Fleet:
+    def __init__(self, store, max_bytes: int | None = None):
+        self.store = store
+        self.max_bytes = max_bytes or int(float(os.environ.get(MAX_MB_ENV, "2048")) * 1024 ** 2)
+
+    @classmethod
+    def from_env(cls) -> "Fleet | None":
+        """The operator-configured fleet (one per configuration and process), or None."""
+        return _fleet_for(os.environ.get(STORE_ENV, "").strip())
+
+    @classmethod
+    def _build(cls) -> "Fleet | None":
+        try:
+            store = store_from_env()
+        except Exception as exc:  # noqa: BLE001 - e.g. redis package missing
+            log.warn_once("fleet-config", "shared cache %s unusable (%s); compiling locally",
+                          os.environ.get(STORE_ENV), exc)
+            return None
+        return cls(store) if store else None
+
+    def fetch_into(self, fingerprint: str, device: torch.device, dest: Path) -> bool:
+        """Fetch and unpack the shared entry into ``dest``; False (and one warning) on any problem."""
+        key = artifact_key(fingerprint, device)
+        start = time.perf_counter()
+        try:
+            blob = self.store.get(key)
+            if blob is None:
+                log.info("shared cache miss for %s in %s", fingerprint[:12], self.store.describe())
+                return False
+            if len(blob) > self.max_bytes:
+                raise FleetError(f"entry is {len(blob)} bytes, over the {self.max_bytes} limit")
+            files = unpack_into(unseal(blob, key, artifact_identity(device)), dest)
+        except Exception as exc:  # noqa: BLE001 - a store problem must never break the run
+            log.warn_once(f"fleet-fetch:{type(exc).__name__}",
+                          "shared cache entry for %s not used (%s: %s); compiling locally",
+                          fingerprint[:12], type(exc).__name__, exc)
+            return False
+        log.info("shared cache hit: %d file(s) for %s from %s in %.2f s", files, fingerprint[:12],
+                 self.store.describe(), time.perf_counter() - start)
+        return True
+
+    def publish_from(self, fingerprint: str, device: torch.device, src: Path) -> bool:
+        key = artifact_key(fingerprint, device)
+        try:
+            payload = pack_dir(src)
+            if len(payload) > self.max_bytes:
+                log.warn_once("fleet-size", "compiled cache is %d MB, over the shared limit %d MB; "
+                              "not published", len(payload) >> 20, self.max_bytes >> 20)
+                return False
+            self.store.put(key, seal(key, artifact_identity(device), payload))
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once(f"fleet-publish:{type(exc).__name__}",
+                          "could not publish to the shared cache (%s: %s)", type(exc).__name__, exc)
+            return False
+        log.info("published %s (%.1f MB) to shared cache %s", fingerprint[:12], len(payload) / 2 ** 20,
+                 self.store.describe())
+        return True
+
+
+@functools.lru_cache(maxsize=4)
+def _fleet_for(_spec: str) -> Fleet | None:
+    return Fleet._build()

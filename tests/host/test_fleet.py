@@ -1,0 +1,67 @@
+"""Issue #6 on real ComfyUI servers: two workers, each with its own base directory and empty
+local caches; worker 1 compiles and publishes, worker 2 warm-starts from the shared store."""
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import ComfyHost, wan_t2v_prompt
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from redis_server import RedisServer, free_port  # noqa: E402
+
+INDUCTOR = {"backend": "inductor", "mode": "default"}
+
+
+def rel_l2(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def worker_run(tmp_path, name, model, store, settings=INDUCTOR):
+    """A fresh worker: own base dir, own empty inductor dir, the shared store from the operator env."""
+    host = ComfyHost(tmp_path / name, models=[model],
+                     env={"TORCH_COMPILE_SPEED_SHARED_CACHE": store,
+                          "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"{name}_inductor"),
+                          "TORCH_COMPILE_SPEED_SHARED_TIMEOUT_S": "1"})
+    with host:
+        eager = host.latent(host.run(wan_t2v_prompt(model.name, apply=False, prefix="e")))
+        offset = host.log_offset()
+        start = time.perf_counter()
+        hist = host.run(wan_t2v_prompt(model.name, compile_settings=settings, prefix="c"))
+        seconds = time.perf_counter() - start
+        assert rel_l2(host.latent(hist), eager) < 1e-3
+        return seconds, host.log_text(since=offset)
+
+
+@pytest.mark.slow
+def test_second_worker_warm_starts_from_redis(tmp_path, tiny_wan_path):
+    redis = RedisServer(tmp_path)
+    try:
+        t1, log1 = worker_run(tmp_path, "worker1", tiny_wan_path, redis.url)
+        assert "shared cache miss" in log1 and "published" in log1, log1
+        assert len(redis.client.keys("tcs:compile:*")) == 1
+        t2, log2 = worker_run(tmp_path, "worker2", tiny_wan_path, redis.url)
+        assert "shared cache hit" in log2 and "persistent cache hit" in log2, log2
+        assert "published" not in log2  # nothing new was built
+        print(f"\nworker1 cold {t1:.1f}s, worker2 from redis {t2:.1f}s ({t2 / t1:.2f}x)")
+        assert t2 < t1
+    finally:
+        redis.stop()
+
+
+@pytest.mark.slow
+def test_second_worker_warm_starts_from_shared_directory(tmp_path, tiny_wan_path):
+    shared = tmp_path / "network_volume"
+    t1, log1 = worker_run(tmp_path, "worker1", tiny_wan_path, str(shared))
+    assert "published" in log1 and len(list(shared.glob("*.tcs"))) == 1
+    t2, log2 = worker_run(tmp_path, "worker2", tiny_wan_path, str(shared))
+    assert "shared cache hit" in log2 and "persistent cache hit" in log2, log2
+    print(f"\nworker1 cold {t1:.1f}s, worker2 from directory {t2:.1f}s ({t2 / t1:.2f}x)")
+
+
+def test_redis_down_costs_one_warning_and_compiles_locally(tmp_path, tiny_wan_path):
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    seconds, log = worker_run(tmp_path, "lonely", tiny_wan_path, down, settings={"backend": "aot_eager"})
+    assert log.count("not used") == 1 and "ConnectionError" in log, log
+    assert seconds < 30
