@@ -80,7 +80,10 @@ def knobs_for(settings, on_cuda: bool) -> dict[str, dict]:
     dynamo = {
         "recompile_limit": settings.cache_size_limit,
         "accumulated_recompile_limit": max(settings.recompile_limit, settings.cache_size_limit),
-        "force_parameter_static_shapes": settings.force_parameter_static_shapes,
+        # auto marks exactly the latent dims dynamic; letting weights turn symbolic after a
+        # shape mismatch (heterogeneous UNet layers share forward code) would only slow it down
+        "force_parameter_static_shapes": (settings.force_parameter_static_shapes
+                                          or settings.shape_policy == "auto"),
     }
     inductor: dict[str, object] = {}
     if settings.speed_preset and on_cuda:
