@@ -122,11 +122,11 @@ class CompileSettings:
         """Keyword arguments for ``torch.compile`` (``mode`` only means something to inductor)."""
         mode = self.mode if self.backend == "inductor" and self.mode != "default" else None
         return {"backend": self.backend, "mode": mode, "fullgraph": self.fullgraph,
-                "dynamic": torch_dynamic(self.shape_policy, self.dynamic)}
+                "dynamic": torch_dynamic(self.shape_policy)}
 
     def artifact_key(self) -> tuple:
         """Everything here that changes the compiled code (used in the reuse fingerprint)."""
-        return (self.backend, self.mode, self.fullgraph, self.dynamic, self.blocks_only,
+        return (self.backend, self.mode, self.fullgraph, self.blocks_only,
                 self.force_parameter_static_shapes, self.speed_preset,
                 self.experimental_ptx and self.ptx_fast_math, self.shape_policy)
 

@@ -31,11 +31,11 @@ def fx_knobs(policy: str) -> dict[str, object]:
     return {"use_duck_shape": False, "backed_size_oblivious": True}
 
 
-def torch_dynamic(policy: str, dynamic: bool | None) -> bool | None:
-    """What ``torch.compile(dynamic=)`` gets: explicit True wins; auto lets our marks decide."""
-    if dynamic:
-        return True
-    return None if policy == "auto" else False
+def torch_dynamic(policy: str) -> bool | None:
+    """What ``torch.compile(dynamic=)`` gets. Under ``auto`` our marks decide (the settings'
+    ``dynamic`` toggle is what WanVideoWrapper receives; here ``auto`` serves the same intent
+    without making weights symbolic or tripping over size-1 dims)."""
+    return {"auto": None, "static": False, "dynamic": True}[policy]
 
 
 def _generic_dims(t: torch.Tensor) -> tuple[int, ...]:

@@ -89,7 +89,7 @@ def ahead_sizes(settings) -> list[tuple[int, int, int]]:
     if not settings.declared_shapes or not settings.warmup_runs:
         return []
     lo, hi = settings.declared_shapes
-    if settings.shape_policy == "static" and not settings.dynamic and lo != hi:
+    if settings.shape_policy == "static" and lo != hi:
         return [lo, hi]
     return [hi]
 

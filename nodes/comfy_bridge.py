@@ -42,7 +42,17 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
     # found again by compiled_model_of (the Diagnostics node) on this clone and its clones
     torch_compile_speed_wrapper.compiled_model = compiled
     torch_compile_speed_wrapper.node_id = node_id
+
+    def torch_compile_speed_status(executor, *args, **kwargs):
+        try:
+            return executor(*args, **kwargs)
+        finally:  # once per sampling run, so a reloaded page or a cached node gets its badge too
+            send_status(status_payload(compiled, node_id))
+
     clone.add_wrapper_with_key(apply_model, WRAPPER_KEY, torch_compile_speed_wrapper)
+    outer = patcher_extension.WrappersMP.OUTER_SAMPLE
+    clone.remove_wrappers_with_key(outer, WRAPPER_KEY)
+    clone.add_wrapper_with_key(outer, WRAPPER_KEY, torch_compile_speed_status)
     return clone
 
 
@@ -60,6 +70,7 @@ def without_compile_wrapper(model_patcher):
     """A clone of ``model_patcher`` that runs eagerly (our APPLY_MODEL wrapper removed)."""
     clone = model_patcher.clone()
     clone.remove_wrappers_with_key(patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY)
+    clone.remove_wrappers_with_key(patcher_extension.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY)
     return clone
 
 

@@ -13,8 +13,8 @@ _TIPS = {
                  "split. Leave off unless you are debugging.",
     "mode": "torch.compile mode. 'speed' = inductor + max-autotune-no-cudagraphs + dynamic shapes "
             "(the original pack's preset); it is translated before the dict leaves this node.",
-    "dynamic": "Compile with symbolic shapes so new resolutions/frame counts reuse the graph "
-               "(mode 'speed' turns this on).",
+    "dynamic": "Symbolic shapes for consumers of this dict such as WanVideoWrapper (mode 'speed' "
+               "turns this on). Apply Torch Compile follows shape_policy instead.",
     "dynamo_cache_size_limit": "Recompiles allowed per compiled function before torch silently runs "
                                "that code eagerly (torch._dynamo recompile_limit), only during the run.",
     "compile_transformer_blocks_only": "Regional compile: compile each repeated transformer block "
@@ -36,9 +36,9 @@ _TIPS = {
                                      "Passed to WanVideoWrapper as-is; applied only during the run.",
     "allow_unmerged_lora_compile": "WanVideoWrapper: allow compile with unmerged LoRAs. Native ComfyUI "
                                    "merges LoRA into the weights, which compile handles without it.",
-    "shape_policy": "auto: batch, frames, height and width are dynamic from the first call, so one "
-                    "compile serves every resolution and length (no recompile storms). static: one "
-                    "graph per size (the dynamic toggle off). dynamic: everything symbolic.",
+    "shape_policy": "Apply Torch Compile's shapes. auto: batch, frames, height and width are dynamic "
+                    "from the first call, so one compile serves every resolution and length (no "
+                    "recompile storms). static: one graph per size. dynamic: torch's dynamic=True.",
     "declared_shapes": "Optional sizes you will render, WIDTHxHEIGHTxFRAMES or a MIN-MAX range "
                        "(e.g. 480x480x33-1280x720x81). With warmup_runs > 0 the model is compiled "
                        "ahead at the largest size, before the first sampling step.",

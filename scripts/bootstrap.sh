@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=$ROOT/.venv
 HOST=$ROOT/.host
-STAMP=$HOST/.bootstrap-v1
+STAMP=$HOST/.bootstrap-v2
 PY=${PYTHON:-python3}
 
 if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then

@@ -181,3 +181,14 @@ def test_ptx_cache_dir_escaping_user_dir_is_refused(comfy_host, tiny_wan):
         comfy_host.run(wan_t2v_prompt(tiny_wan, compile_settings=settings, prefix="escape"))
     assert not (comfy_host.base_dir.parent.parent / "etc" / "tcs").exists()
     comfy_host.run(wan_t2v_prompt(tiny_wan, apply=False, prefix="still_serving"))
+
+
+@pytest.mark.slow
+def test_node_defaults_mode_speed_compile_without_fallback(comfy_host, tiny_wan, eager_ref):
+    """The Settings node's defaults (mode 'speed': inductor, max-autotune-no-cudagraphs,
+    dynamic) must really compile, not fall back to eager."""
+    offset = comfy_host.log_offset()
+    hist = comfy_host.run(wan_t2v_prompt(tiny_wan, compile_settings={"mode": "speed"}, prefix="speed"))
+    log = comfy_host.log_text(since=offset)
+    assert "eagerly" not in log and "compiled WanAttentionBlock x2" in log, log
+    assert rel_l2(comfy_host.latent(hist), eager_ref) < 1e-3
