@@ -253,6 +253,13 @@ def test_settings_widgets_grey_out_without_changing_values(comfy_page, settings_
     })()""")
     assert disabled_map(page.widgets("tcs_settings")) == expected_disabled(False, "default")
 
+    # Declared shapes make warmup_runs live again (it drives compile-ahead), PTX still off.
+    now = page.call(TOGGLE_JS, "tcs_settings", "declared_shapes", "480x480x33")
+    assert not {w["name"]: w["disabled"] for w in now}["warmup_runs"]
+    assert {w["name"]: w["disabled"] for w in now}["ptx_fast_math"]
+    now = page.call(TOGGLE_JS, "tcs_settings", "declared_shapes", "")
+    assert {w["name"]: w["disabled"] for w in now}["warmup_runs"]
+
     # Back to the state to show: PTX off, mode speed -> 5 greyed-out widgets.
     page.call(TOGGLE_JS, "tcs_settings", "mode", "speed")
     page.frame(["tcs_settings"], zoom=0.7)

@@ -40,6 +40,8 @@ function inertWidgets(node) {
   const out = {};
   if (!widget(node, "experimental_ptx")?.value) {
     for (const name of PTX_DEPENDENTS) out[name] = "only used with experimental_ptx";
+    // warmup_runs also drives compile-ahead when sizes are declared
+    if (String(widget(node, "declared_shapes")?.value ?? "").trim()) delete out.warmup_runs;
   }
   if (widget(node, "mode")?.value === "speed") {
     for (const name of SPEED_OVERRIDES) out[name] = "mode 'speed' sets this (inductor, dynamic)";
@@ -73,7 +75,7 @@ function syncSettingsWidgets(node) {
 }
 
 function hookSettingsWidgets(node) {
-  for (const name of ["experimental_ptx", "mode"]) {
+  for (const name of ["experimental_ptx", "mode", "declared_shapes"]) {
     const w = widget(node, name);
     if (!w || w.tcsHooked) continue;
     const callback = w.callback;
