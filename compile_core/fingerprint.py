@@ -18,8 +18,10 @@ _structure_cache: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKe
 
 
 def _cheap_signature(module: nn.Module) -> tuple:
-    p = next(module.parameters(), None)
-    return (len(module._modules), None if p is None else (p.dtype, p.device))
+    """Changes when a submodule or parameter is replaced (new objects) or moved/cast."""
+    params = list(module.parameters())
+    head = params[0] if params else None
+    return (hash(tuple(map(id, params))), None if head is None else (head.dtype, head.device))
 
 
 def structure_digest(module: nn.Module) -> str:

@@ -80,6 +80,8 @@ class InputShaper:
     def _prepare(self, t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
         if not t.is_contiguous():
             t = t.contiguous()
+        elif t._base is not None and not torch.is_grad_enabled():
+            t = t.detach()  # a view brings guards on its base's (old) sizes; detach drops it, no copy
         if self.policy == "auto":
             for d in dims:
                 if d < t.ndim:

@@ -1,9 +1,11 @@
 """Unit-test fixtures: fresh toy models, a raising backend, and a guard on torch's global state.
 
-Dynamo caches compiled code on the ``forward`` code object of a module class. Every toy
-factory here therefore defines its classes inside the function, so each test gets classes
-(and code objects) of its own and no test sees another's compiled graphs, without the cost
-of ``torch._dynamo.reset()``.
+Dynamo caches compiled code on the ``forward`` *code object* of a module class. Classes
+defined inside a factory function are new on every call, but their methods still share one
+code object (it is a constant of the factory's own code), so the factory also gives every
+method a renamed copy of its code (``code.replace()``, see ``own_code``). Each test thus gets
+code objects of its own and no test sees another's compiled graphs, cache entries or
+automatic-dynamic size history, without the cost of ``torch._dynamo.reset()``.
 """
 from __future__ import annotations
 
@@ -31,6 +33,22 @@ def graphs() -> int:
 
 def pack_records(caplog, level=logging.WARNING):
     return [r for r in caplog.records if r.name == LOGGER and r.levelno == level]
+
+
+def own_code(*classes):
+    """Give each method defined on ``classes`` a code object of its own (see the module doc).
+
+    The copy also gets a unique name: dynamo keeps automatic-dynamic ("PGO") size history per
+    source location (file hash, first line, *name*), not per code object, so a copy that kept
+    its name would inherit the sizes earlier tests saw and compile with dynamic dims."""
+    tag = uuid.uuid4().hex[:8]
+    for cls in classes:
+        for attr in vars(cls).values():
+            if isinstance(attr, types.FunctionType):
+                code = attr.__code__
+                attr.__code__ = code.replace(co_name=f"{code.co_name}_{tag}",
+                                             co_qualname=f"{code.co_qualname}_{tag}")
+    return classes
 
 
 def make_wan_classes(name: str = "WanModel"):
@@ -88,6 +106,7 @@ def make_wan_classes(name: str = "WanModel"):
             return self.head(x)
 
     Model.__name__ = Model.__qualname__ = name
+    own_code(Block, VaceBlock, Model)
     return types.SimpleNamespace(Block=Block, VaceBlock=VaceBlock, Model=Model)
 
 
@@ -95,6 +114,18 @@ def make_wan_classes(name: str = "WanModel"):
 def wan():
     """Fresh WAN-like classes for this test: ``wan.Model(n_blocks=4, n_vace=0, dim=32)``."""
     return make_wan_classes()
+
+
+@pytest.fixture
+def wan_factory():
+    """``make_wan_classes``: call it for more fresh class sets (optionally named)."""
+    return make_wan_classes
+
+
+@pytest.fixture
+def fresh_code():
+    """``own_code``: for a test's own module classes."""
+    return own_code
 
 
 @pytest.fixture
@@ -111,7 +142,7 @@ def raising_backend():
     RuntimeError("boom"); ``calls`` counts how often dynamo asked it to compile."""
     from torch._dynamo.backends import registry
 
-    name = f"tcs_test_boom_{uuid.uuid4().hex[:8]}"
+    name = f"tcs_test_raising_{uuid.uuid4().hex[:8]}"
     ns = types.SimpleNamespace(name=name, calls=0)
 
     def boom(gm, example_inputs):
@@ -149,15 +180,21 @@ def clean_registry():
     REGISTRY.clear()
 
 
+# Not state a test could leak: pytest's own marker, and the handshake inductor writes into
+# os.environ before loading every compiled CPU .so (torch does that with or without this pack).
+_NOT_STATE_ENV = {"PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}
+
+
 def _global_state() -> dict:
     from torch._dynamo.backends import registry
+    torch._dynamo.list_backends(exclude_tags=())  # loads the built-in backends (lazily, once)
     return {
         **scoped.snapshot(),
         "grad": torch.is_grad_enabled(),
         "inference_mode": torch.is_inference_mode_enabled(),
         "default_dtype": torch.get_default_dtype(),
         "backends": sorted(registry._COMPILER_FNS),
-        "environ": dict(os.environ),
+        "environ": {k: v for k, v in os.environ.items() if k not in _NOT_STATE_ENV},
     }
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core.settings import (CompileArgsError, CompileSettings, backend_choices,
-                                   build_compile_args, torch_modes)
+from compile_core.settings import (NEW_EXTRA_KEYS, CompileArgsError, CompileSettings,
+                                   backend_choices, build_compile_args, torch_modes)
 
 WAN_KEYS = ["backend", "fullgraph", "mode", "dynamic", "dynamo_cache_size_limit",
             "dynamo_recompile_limit", "compile_transformer_blocks_only",
@@ -18,7 +18,8 @@ KEY_TYPES = {"backend": str, "fullgraph": bool, "mode": str, "dynamic": bool,
              "compile_transformer_blocks_only": bool, "force_parameter_static_shapes": bool,
              "allow_unmerged_lora_compile": bool, "reuse_if_similar": bool,
              "experimental_ptx": bool, "ptx_fast_math": bool, "warmup_runs": int,
-             "ptx_cache_dir": str, "speed_preset": bool}
+             "ptx_cache_dir": str, "speed_preset": bool, "shape_policy": str,
+             "declared_shapes": str}
 # The 7 keys WanVideoWrapper's consumers index directly.
 WAN_INDEXED = ["dynamo_cache_size_limit", "force_parameter_static_shapes",
                "compile_transformer_blocks_only", "fullgraph", "dynamic", "backend", "mode"]
@@ -56,9 +57,13 @@ def wan_consumer(args: dict, module: nn.Module):
 @pytest.mark.parametrize("mode", ["speed", "default", "max-autotune"])
 def test_dict_has_wan_keys_first_in_order_then_legacy_extras(mode):
     args = build_compile_args(mode=mode)
-    assert list(args) == WAN_KEYS + LEGACY_KEYS
-    for key, typ in KEY_TYPES.items():
-        assert type(args[key]) is typ, (key, args[key])
+    keys = list(args)
+    assert keys[:9] == WAN_KEYS
+    assert keys[9:15] == LEGACY_KEYS
+    assert keys[15:] == list(NEW_EXTRA_KEYS)  # this pack's own keys come last
+    assert not set(NEW_EXTRA_KEYS) & set(WAN_KEYS + LEGACY_KEYS)
+    for key in keys:
+        assert type(args[key]) is KEY_TYPES[key], (key, args[key])
 
 
 def test_speed_mode_is_translated_to_a_real_torch_mode():
@@ -271,15 +276,56 @@ def test_compile_kwargs_are_accepted_by_torch_compile():
         torch.testing.assert_close(f(x), lin(x))
 
 
+@pytest.mark.parametrize("policy", ["auto", "static", "dynamic"])
+def test_shape_policy_is_validated_and_kept(policy):
+    d = build_compile_args(mode="default", shape_policy=policy)
+    assert CompileSettings.from_args(d).shape_policy == policy
+
+
+@pytest.mark.parametrize("value", ["fast", "", None, "Auto", 1])
+def test_bad_shape_policy_is_rejected_by_name(value):
+    d = build_compile_args(mode="default")
+    d["shape_policy"] = value
+    with pytest.raises(CompileArgsError, match="shape_policy"):
+        CompileSettings.from_args(d)
+
+
+@pytest.mark.parametrize("policy, expected", [("auto", None), ("static", False), ("dynamic", True)])
+@pytest.mark.parametrize("dynamic", [False, None, True])
+def test_compile_kwargs_dynamic_follows_the_shape_policy(policy, expected, dynamic):
+    """The ``dynamic`` key is for WanVideoWrapper; the pack's own compile follows shape_policy."""
+    assert CompileSettings(shape_policy=policy, dynamic=dynamic).compile_kwargs()["dynamic"] is expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("", None), ("  ", None),
+    ("832x480x81", ((832, 480, 81), (832, 480, 81))),
+    ("512x512x1-1280x720x81", ((512, 512, 1), (1280, 720, 81))),
+    (" 512 X 512 x 1 - 1280x720x81 ", ((512, 512, 1), (1280, 720, 81))),
+])
+def test_declared_shapes_parse(text, expected):
+    d = build_compile_args(mode="default", declared_shapes=text)
+    assert CompileSettings.from_args(d).declared_shapes == expected
+
+
+@pytest.mark.parametrize("text", ["abc", "832x480", "832x480x81x2", "0x480x81", "832x480x-1",
+                                  "1280x720x81-512x512x1", "1x1x1-2x2x2-3x3x3", "8.5x8x8"])
+def test_bad_declared_shapes_are_rejected_by_name(text):
+    d = build_compile_args(mode="default")
+    d["declared_shapes"] = text
+    with pytest.raises(CompileArgsError, match="declared_shapes"):
+        CompileSettings.from_args(d)
+
+
 def test_artifact_key_tracks_what_changes_compiled_code():
     base = CompileSettings()
     same = CompileSettings(reuse_if_similar=False, warmup_runs=3, ptx_cache_dir="elsewhere",
-                           cache_size_limit=8, recompile_limit=9)
+                           cache_size_limit=8, recompile_limit=9, dynamic=True)
     assert base.artifact_key() == same.artifact_key()
     for change in [dict(backend="aot_eager"), dict(mode="max-autotune"), dict(fullgraph=True),
-                   dict(dynamic=True), dict(blocks_only=False),
+                   dict(blocks_only=False),
                    dict(force_parameter_static_shapes=True), dict(speed_preset=True),
-                   dict(experimental_ptx=True)]:
+                   dict(experimental_ptx=True), dict(shape_policy="static")]:
         assert CompileSettings(**change).artifact_key() != base.artifact_key(), change
 
 
@@ -298,22 +344,30 @@ def node_cls(pack):
 
 
 def test_node_input_order(node_cls):
+    """Old workflows store widget values by position: the old inputs keep their places and
+    every new input comes after them."""
     spec = node_cls.INPUT_TYPES()
     assert list(spec) == ["required", "optional"]
     assert list(spec["required"]) == REQUIRED_ORDER
-    assert list(spec["optional"]) == OPTIONAL_ORDER
+    assert list(spec["optional"])[:len(OPTIONAL_ORDER)] == OPTIONAL_ORDER
+
+
+def test_node_has_an_input_for_every_dict_key(node_cls):
+    spec = node_cls.INPUT_TYPES()
+    inputs = [*spec["required"], *spec["optional"]]
+    assert set(inputs) == set(build_compile_args()) - {"speed_preset"}
 
 
 def test_node_defaults_and_choices(node_cls):
     spec = node_cls.INPUT_TYPES()
     inputs = {**spec["required"], **spec["optional"]}
     defaults = {k: v[1]["default"] for k, v in inputs.items()}
-    assert defaults == {
+    assert defaults.items() >= {
         "backend": "inductor", "fullgraph": False, "mode": "speed", "dynamic": False,
         "dynamo_cache_size_limit": 64, "compile_transformer_blocks_only": True,
         "reuse_if_similar": True, "experimental_ptx": False, "ptx_fast_math": True,
         "warmup_runs": 1, "ptx_cache_dir": "", "dynamo_recompile_limit": 128,
-        "force_parameter_static_shapes": False, "allow_unmerged_lora_compile": False}
+        "force_parameter_static_shapes": False, "allow_unmerged_lora_compile": False}.items()
     assert inputs["backend"][0][:2] == ["inductor", "cudagraphs"]
     assert inputs["mode"][0] == ["default", "max-autotune", "max-autotune-no-cudagraphs",
                                  "reduce-overhead", "speed"]
@@ -352,7 +406,7 @@ def test_node_build_with_the_old_packs_inputs_only(node_cls):
     out = getattr(node_cls(), node_cls.FUNCTION)(**old_inputs)
     assert isinstance(out, tuple) and len(out) == 1
     args = out[0]
-    assert list(args) == WAN_KEYS + LEGACY_KEYS
+    assert list(args)[:15] == WAN_KEYS + LEGACY_KEYS
     assert args["mode"] == "max-autotune-no-cudagraphs" and args["speed_preset"] is True
     assert args["force_parameter_static_shapes"] is False
     CompileSettings.from_args(args)

@@ -1,0 +1,89 @@
+"""compile_core.fallback: telling a compile failure from the model's own error, in one line."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compile_core.fallback import explain, is_compile_failure
+
+
+@pytest.fixture
+def backend_failure(raising_backend):
+    """A real BackendCompilerFailed, raised by dynamo for the test's raising backend."""
+    f = torch.compile(lambda t: t.sin() + 1, backend=raising_backend.name)
+    with pytest.raises(Exception) as info:
+        f(torch.randn(3))
+    return info.value
+
+
+def test_backend_failure_is_a_compile_failure(backend_failure):
+    assert type(backend_failure).__name__ == "BackendCompilerFailed"
+    assert isinstance(backend_failure, torch._dynamo.exc.TorchDynamoException)
+    assert is_compile_failure(backend_failure)
+
+
+def test_explain_is_one_line_with_cause_and_fix(backend_failure, raising_backend):
+    msg = explain(backend_failure)
+    assert "\n" not in msg
+    assert "BackendCompilerFailed" in msg
+    assert "RuntimeError: boom" in msg  # the cause, which torch puts on the second line
+    assert "-> fix:" in msg and "backend" in msg.split("-> fix:")[1]
+    assert len(msg) < 500
+
+
+def test_fake_tensor_error_while_tracing_is_a_dynamo_exception():
+    """Dynamo wraps the model's own shape errors (TorchRuntimeError), so classification alone
+    cannot tell them apart; the engine lets eager decide (see test_engine)."""
+    lin = torch.nn.Linear(8, 8)
+    f = torch.compile(lin, backend="aot_eager")
+    with pytest.raises(Exception) as info:
+        f(torch.randn(2, 5))
+    assert isinstance(info.value, torch._dynamo.exc.TorchDynamoException)
+    assert is_compile_failure(info.value)
+
+
+@pytest.mark.parametrize("exc", [
+    ValueError("bad value in the model"),
+    RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x5 and 8x8)"),
+    KeyError("weight"),
+    TypeError("forward() missing 1 required positional argument"),
+    torch.OutOfMemoryError("CUDA out of memory"),
+    KeyboardInterrupt(),
+    MemoryError(),
+])
+def test_user_errors_are_not_compile_failures(exc):
+    assert is_compile_failure(exc) is False
+
+
+def test_real_user_runtime_error_is_not_a_compile_failure():
+    with pytest.raises(RuntimeError) as info:
+        torch.nn.Linear(8, 8)(torch.randn(2, 5))
+    assert is_compile_failure(info.value) is False
+
+
+def test_errors_defined_in_compiler_modules_are_compile_failures():
+    from torch._inductor.exc import CppCompileError
+    cpp = CppCompileError(["g++", "kernel.cpp"], "fatal error: Python.h: No such file")
+    assert not isinstance(cpp, torch._dynamo.exc.TorchDynamoException)  # found by its module
+    assert is_compile_failure(cpp)
+    assert "compiler" in explain(cpp).split("-> fix:")[1]
+    assert is_compile_failure(torch._dynamo.exc.Unsupported("graph break"))
+
+
+@pytest.mark.parametrize("exc, fix_words", [
+    (RuntimeError("CppCompileError: C++ compile error\ngcc: fatal"), "compiler"),
+    (RuntimeError("triton: 0 active drivers"), "Triton"),
+    (RuntimeError("backend='x' raised:\nRuntimeError: boom"), "another backend"),
+    (RuntimeError("something else went wrong"), "compile_transformer_blocks_only"),
+])
+def test_explain_suggests_a_fix_for_each_kind(exc, fix_words):
+    msg = explain(exc)
+    assert "\n" not in msg
+    fix = msg.split("-> fix:")[1]
+    assert fix_words in fix
+
+
+def test_explain_handles_empty_and_long_messages():
+    assert explain(RuntimeError()).startswith("RuntimeError")
+    long = explain(RuntimeError("x" * 5000))
+    assert "\n" not in long and len(long) < 500 and "-> fix:" in long

@@ -1,0 +1,138 @@
+"""compile_core.paths: cache directories named by a workflow stay inside the allowed roots."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from compile_core.paths import EXTRA_ROOTS_ENV, UnsafePathError, allowed_roots, resolve_cache_dir
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    """user/ (the base and a root), temp/ (a second root) and outside/ (no root)."""
+    monkeypatch.delenv(EXTRA_ROOTS_ENV, raising=False)
+    d = {name: tmp_path / name for name in ("user", "temp", "outside")}
+    for p in d.values():
+        p.mkdir()
+    d["roots"] = allowed_roots(d["user"], d["temp"])
+    return d
+
+
+def test_relative_path_lives_under_base(dirs):
+    p = resolve_cache_dir("triton/kernels", dirs["user"], dirs["roots"])
+    assert p == (dirs["user"] / "triton" / "kernels").resolve()
+
+
+def test_empty_value_gives_a_default_under_base(dirs):
+    for value in ("", "   ", None):
+        p = resolve_cache_dir(value, dirs["user"], dirs["roots"])
+        assert dirs["user"].resolve() in p.parents
+
+
+def test_dotdot_that_stays_inside_is_allowed(dirs):
+    p = resolve_cache_dir("a/../b", dirs["user"], dirs["roots"])
+    assert p == (dirs["user"] / "b").resolve()
+
+
+@pytest.mark.parametrize("value", ["..", "../outside", "../../..", "a/../../outside/x",
+                                   "../user2", "../user-evil/x"])
+def test_dotdot_escaping_is_refused(dirs, value):
+    with pytest.raises(UnsafePathError) as info:
+        resolve_cache_dir(value, dirs["user"], dirs["roots"])
+    msg = str(info.value)
+    assert "ptx_cache_dir" in msg and EXTRA_ROOTS_ENV in msg
+
+
+def test_sibling_with_a_common_prefix_is_not_inside(tmp_path, dirs):
+    (tmp_path / "user2").mkdir()
+    with pytest.raises(UnsafePathError):
+        resolve_cache_dir(str(tmp_path / "user2"), dirs["user"], dirs["roots"])
+
+
+@pytest.mark.parametrize("value", ["/etc", "/", "/tmp"])
+def test_absolute_path_outside_is_refused(dirs, value):
+    with pytest.raises(UnsafePathError, match="outside the allowed cache roots"):
+        resolve_cache_dir(value, dirs["user"], dirs["roots"])
+
+
+def test_absolute_path_outside_tmp_dir_is_refused(dirs):
+    with pytest.raises(UnsafePathError):
+        resolve_cache_dir(str(dirs["outside"] / "cache"), dirs["user"], dirs["roots"])
+
+
+def test_absolute_path_inside_a_root_is_allowed(dirs):
+    target = dirs["temp"] / "kernels"
+    assert resolve_cache_dir(str(target), dirs["user"], dirs["roots"]) == target.resolve()
+    assert resolve_cache_dir(str(dirs["temp"]), dirs["user"], dirs["roots"]) == dirs["temp"].resolve()
+
+
+def test_symlink_inside_the_root_pointing_outside_is_refused(dirs):
+    link = dirs["user"] / "escape"
+    link.symlink_to(dirs["outside"], target_is_directory=True)
+    with pytest.raises(UnsafePathError):
+        resolve_cache_dir("escape", dirs["user"], dirs["roots"])
+    with pytest.raises(UnsafePathError):
+        resolve_cache_dir("escape/deeper/cache", dirs["user"], dirs["roots"])
+    with pytest.raises(UnsafePathError):
+        resolve_cache_dir(str(link / "cache"), dirs["user"], dirs["roots"])
+
+
+def test_symlink_inside_the_root_pointing_into_another_root_is_allowed(dirs):
+    link = dirs["user"] / "to_temp"
+    link.symlink_to(dirs["temp"], target_is_directory=True)
+    assert resolve_cache_dir("to_temp/k", dirs["user"], dirs["roots"]) == (dirs["temp"] / "k").resolve()
+
+
+def test_root_that_is_a_symlink_is_resolved(tmp_path, monkeypatch):
+    monkeypatch.delenv(EXTRA_ROOTS_ENV, raising=False)
+    real = tmp_path / "real_user"
+    real.mkdir()
+    alias = tmp_path / "alias_user"
+    alias.symlink_to(real, target_is_directory=True)
+    roots = allowed_roots(alias)
+    assert roots == [real.resolve()]
+    assert resolve_cache_dir("triton", alias, roots) == (real / "triton").resolve()
+
+
+def test_home_expansion_is_checked_too(dirs, monkeypatch):
+    monkeypatch.setenv("HOME", str(dirs["outside"]))
+    with pytest.raises(UnsafePathError):
+        resolve_cache_dir("~/cache", dirs["user"], dirs["roots"])
+    monkeypatch.setenv("HOME", str(dirs["temp"]))
+    assert resolve_cache_dir("~/cache", dirs["user"], dirs["roots"]) == (dirs["temp"] / "cache").resolve()
+
+
+def test_extra_roots_env_adds_roots(dirs, tmp_path, monkeypatch):
+    extra1, extra2 = tmp_path / "extra1", tmp_path / "extra2"
+    extra1.mkdir()
+    extra2.mkdir()
+    target = extra2 / "cache"
+    with pytest.raises(UnsafePathError):
+        resolve_cache_dir(str(target), dirs["user"], allowed_roots(dirs["user"]))
+    monkeypatch.setenv(EXTRA_ROOTS_ENV, os.pathsep.join(["", str(extra1), str(extra2), ""]))
+    roots = allowed_roots(dirs["user"])
+    assert roots == [dirs["user"].resolve(), extra1.resolve(), extra2.resolve()]
+    assert resolve_cache_dir(str(target), dirs["user"], roots) == target.resolve()
+    with pytest.raises(UnsafePathError):  # the others stay refused
+        resolve_cache_dir(str(dirs["outside"]), dirs["user"], roots)
+
+
+def test_custom_key_is_named_in_the_error(dirs):
+    with pytest.raises(UnsafePathError, match="inductor_cache_dir"):
+        resolve_cache_dir("/etc", dirs["user"], dirs["roots"], key="inductor_cache_dir")
+
+
+def test_no_roots_refuses_everything(dirs):
+    with pytest.raises(UnsafePathError):
+        resolve_cache_dir("triton", dirs["user"], [])
+
+
+def test_unsafe_path_error_is_a_value_error():
+    assert issubclass(UnsafePathError, ValueError)
+
+
+def test_resolve_does_not_create_directories(dirs):
+    p = resolve_cache_dir("not/yet/there", dirs["user"], dirs["roots"])
+    assert not p.exists() and isinstance(p, Path)
