@@ -123,9 +123,12 @@ def _rss_note() -> str:
 
 @dataclasses.dataclass
 class GraphBreak:
+    """One place where dynamo had to cut the graph, seen from the outermost traced frame."""
     reason: str                 # dynamo's reason text (first line: what; then Explanation/Hints)
-    where: str                  # "file:line in function" of the last user frame
-    stack: list[str] = dataclasses.field(default_factory=list)  # user frames, outermost first
+    where: str                  # "file:line in function": innermost frame of user (model) code
+    inside: str = ""            # innermost frame, when that is library code (torch, site-packages)
+    stack: list[str] = dataclasses.field(default_factory=list)  # all frames, outermost first
+    splits: int = 1             # frames cut by it (a break in nested calls cuts each caller too)
     region: str = ""            # the region type it was found in
 
     @property
@@ -141,20 +144,75 @@ class GraphBreak:
                 break
         return out
 
+    @property
+    def callers(self) -> list[str]:
+        """The frames that led to ``where``, innermost first."""
+        try:
+            i = self.stack.index(self.where)
+        except ValueError:
+            return []
+        return list(reversed(self.stack[:i]))
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+def _library_dirs() -> tuple[str, ...]:
+    import sysconfig
+    paths = sysconfig.get_paths()
+    dirs = {_TORCH_DIR, paths.get("stdlib", ""), paths.get("platstdlib", "")}
+    return tuple(sorted(d.rstrip(os.sep) + os.sep for d in dirs if d))
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_LIBRARY_DIRS = _library_dirs()
+
+
+def is_library(filename: str) -> bool:
+    """torch, the standard library and installed packages: not the model's own code."""
+    return (filename.startswith(_LIBRARY_DIRS) or f"{os.sep}site-packages{os.sep}" in filename
+            or f"{os.sep}dist-packages{os.sep}" in filename)
 
 
 def _frame_text(fs) -> str:
     return f"{fs.filename}:{fs.lineno} in {fs.name}"
 
 
-def _last_user_frame(stack) -> object | None:
-    """The innermost frame outside torch itself (dynamo's stack may end inside torch code)."""
-    for fs in reversed(stack):
-        if not fs.filename.startswith(_TORCH_DIR):
-            return fs
+def _user_frame(stack):
+    """The innermost frame of user code; else the innermost outside torch; else the innermost."""
+    for keep in (lambda f: not is_library(f.filename),
+                 lambda f: not f.filename.startswith(_TORCH_DIR + os.sep)):
+        for fs in reversed(stack):
+            if keep(fs):
+                return fs
     return stack[-1] if stack else None
+
+
+def breaks_from_records(records, region: str = "") -> list[GraphBreak]:
+    """Graph breaks from dynamo's ``GraphCompileReason`` records (``.reason``, ``.user_stack``).
+
+    A break inside nested calls is recorded once per frame it cuts (the caller breaks at the
+    call, then the callee, ...); those records' stacks are suffixes of the outermost one, so
+    they are folded into it and counted in ``splits``."""
+    items = []
+    for index, r in enumerate(records):
+        frames = list(getattr(r, "user_stack", None) or [])
+        key = tuple((f.filename, f.lineno, f.name) for f in frames)
+        items.append((str(getattr(r, "reason", "") or ""), key, frames, index))
+    kept: list[list] = []  # [reason, key, frames, first index, splits]
+    for reason, key, frames, index in sorted(items, key=lambda it: (-len(it[1]), it[3])):
+        for k in kept:
+            if k[0] == reason and k[1][len(k[1]) - len(key):] == key:
+                k[3], k[4] = min(k[3], index), k[4] + 1
+                break
+        else:
+            kept.append([reason, key, frames, index, 1])
+    out = []
+    for reason, _key, frames, _index, splits in sorted(kept, key=lambda k: k[3]):  # as they ran
+        user = _user_frame(frames)
+        inner = frames[-1] if frames else None
+        out.append(GraphBreak(
+            reason=reason, where=_frame_text(user) if user is not None else "(unknown location)",
+            inside=_frame_text(inner) if inner is not None and inner is not user else "",
+            stack=[_frame_text(f) for f in frames], splits=splits, region=region))
+    return out
 
 
 def _fresh_function(fn: Callable) -> Callable:
@@ -163,47 +221,49 @@ def _fresh_function(fn: Callable) -> Callable:
                               fn.__defaults__, fn.__closure__)
 
 
-def find_graph_breaks(module: nn.Module, args: tuple, kwargs: dict,
-                      fullgraph_ok: bool = True) -> list[GraphBreak]:
-    """Trace ``module(*args, **kwargs)`` with dynamo and return its graph breaks (deduplicated).
+def find_graph_breaks(module: nn.Module, args: tuple, kwargs: dict) -> list[GraphBreak]:
+    """Trace ``module(*args, **kwargs)`` with dynamo and return its graph breaks.
 
     This is ``torch._dynamo.explain``'s mechanism (a backend that collects each graph's
     ``compile_subgraph_reason``) without its two ``torch._dynamo.reset()`` calls: those drop
-    every compiled graph in the process, so the next sampling run would compile from
-    scratch. The call really runs (the graphs run eagerly). Frames dynamo compiles for it
-    carry a cache entry for this backend only; compiled runs never use it."""
-    reasons = []
+    every compiled graph in the process, so the next sampling run would compile everything
+    again. The call really runs (its graphs run as plain FX code). Frames dynamo compiles for
+    it keep a cache entry for this backend only; the pack's compiled runs never use it."""
+    import inspect
+
+    records = []
 
     def collect(gm, example_inputs):
         reason = getattr(gm, "compile_subgraph_reason", None)
         if reason is not None and reason.graph_break:
-            reasons.append(reason)
+            records.append(reason)
         return gm.forward
 
     def target(*a, **k):
         return module(*a, **k)
 
     kw = {"backend": collect, "fullgraph": False, "dynamic": False}
-    import inspect
-    params = inspect.signature(torch.compile).parameters
-    if "isolate_recompiles" in params:  # our own recompile budget; never someone else's
-        kw["isolate_recompiles"] = True
-    compiled = torch.compile(_fresh_function(target), **kw)
-    compiled(*args, **kwargs)
-
-    out: list[GraphBreak] = []
-    seen = set()
-    for r in reasons:
-        stack = list(getattr(r, "user_stack", None) or [])
-        last = _last_user_frame(stack)
-        where = _frame_text(last) if last is not None else "(unknown location)"
-        gb = GraphBreak(reason=str(r.reason), where=where, stack=[_frame_text(f) for f in stack],
-                        region=type(module).__name__)
-        key = (gb.summary, gb.where)
-        if key not in seen:
-            seen.add(key)
-            out.append(gb)
+    if "isolate_recompiles" in inspect.signature(torch.compile).parameters:
+        kw["isolate_recompiles"] = True  # its own recompile budget, never the pack's
+    before = _break_counts()
+    torch.compile(_fresh_function(target), **kw)(*args, **kwargs)
+    region = type(module).__name__
+    out = breaks_from_records(records, region)
+    # A break with nothing traced before it in its frame compiles no graph, so the backend
+    # never sees it; dynamo's counters still do (by reason, without a location).
+    seen = {b.reason for b in out}
+    for reason, n in _break_counts().items():
+        if n > before.get(reason, 0) and reason not in seen:
+            out.append(GraphBreak(reason=reason, where=UNLOCATED, region=region))
     return out
+
+
+UNLOCATED = "(location not recorded: nothing was traced before this break in its frame)"
+
+
+def _break_counts() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+    return {str(k): int(v) for k, v in counters["graph_break"].items()}
 
 
 @contextlib.contextmanager
@@ -264,7 +324,7 @@ RECOMPILE_HINTS: tuple[tuple[str, str], ...] = (
     ("recompile_limit", "the recompile limit was reached: that code now runs eagerly; raise "
                         "dynamo_cache_size_limit or remove the cause of the recompiles"),
 )
-_NUMBER_GUARD = re.compile(r"==\s*-?\d+(\.\d+)?\s*$")
+_NUMBER_GUARD = re.compile(r"==\s*-?\d+(\.\d+)?\s*(;|$)")
 
 
 def recompile_hint(guard: str) -> str:
@@ -273,21 +333,38 @@ def recompile_hint(guard: str) -> str:
         if needle in guard:
             return hint
     if _NUMBER_GUARD.search(guard.strip()):
-        return "a Python number (on a module or in transformer_options) changed between runs"
+        return ("a Python number this code reads (a token count, a size or a setting) differs "
+                "between calls: one graph per value")
     return ""
 
 
-def _guard_text(reason: str) -> str:
-    """Dynamo prefixes the reason with the frame id ("0/1: "); drop it."""
-    return re.sub(r"^\s*\d+/\d+:\s*", "", reason.strip())
+_GUARD_LINE = re.compile(r"^\s*\d+/\d+:\s*(.*)$")
+
+
+def parse_guard(reason: str) -> tuple[str, str]:
+    """``(failed guard(s), source)`` from dynamo's recompile reason.
+
+    Dynamo writes one ``"<frame>/<entry>: <guard>  # <code>  # <file:line in fn>"`` line per
+    cache entry that failed, sometimes followed by a user stack trace."""
+    lines = [ln for ln in reason.strip().splitlines() if ln.strip()]
+    found = [m.group(1) for ln in lines if (m := _GUARD_LINE.match(ln))] or lines[:1]
+    guards, source = [], ""
+    for g in found:
+        parts = [part.strip() for part in re.split(r"\s+#\s+", g.strip())]
+        if parts[0] and parts[0] not in guards:
+            guards.append(parts[0])
+        if not source and len(parts) > 1:
+            source = "  ".join(reversed(parts[1:]))  # "file:line in fn  code"
+    return "; ".join(guards), source
 
 
 @dataclasses.dataclass
 class Recompile:
     frame: str
     guard: str
-    hint: str
+    hint: str          # plain-language cause ("" when the guard is all we know)
     seconds: float
+    source: str = ""   # where the guarded value is used: "file:line in fn  code"
     during_diagnosis: bool = False
 
 
@@ -299,9 +376,9 @@ def recompiles_from(frames: list[dict], new_from: int | None = None) -> list[Rec
         reason = f.get("recompile_reason") or ""
         if not reason:
             continue
-        guard = _guard_text(reason)
-        out.append(Recompile(f.get("frame", "?"), guard, recompile_hint(guard) or f"guard: {guard}",
-                             float(f.get("seconds") or 0.0),
+        guard, source = parse_guard(reason)
+        out.append(Recompile(f.get("frame", "?"), guard, recompile_hint(guard),
+                             float(f.get("seconds") or 0.0), source,
                              new_from is not None and i >= new_from))
     return out
 
@@ -338,10 +415,12 @@ class Report:
     # -- decisions
     @property
     def break_count(self) -> int | None:
-        if self.graph_breaks is not None:
-            return len(self.graph_breaks)
-        counted = [f.get("graph_breaks") for f in self.frames if f.get("graph_breaks") is not None]
-        return sum(counted) if counted else None
+        return None if self.graph_breaks is None else len(self.graph_breaks)
+
+    @property
+    def resume_frames(self) -> int:
+        """Compiled frames that continue after a graph break (dynamo's ``resume_in`` code)."""
+        return sum(1 for f in self.frames if str(f.get("frame", "")).startswith(RESUME_PREFIX))
 
     def verdict(self) -> str:
         if self.failed:
@@ -357,9 +436,9 @@ class Report:
                  _plural(len(self.recompiles), "recompile")]
         text = "; ".join(parts)
         if self.auto_disabled:
-            text += " - auto-disabled: eager model returned"
+            text += " — auto-disabled: eager model returned"
         elif self.auto_disable_requested and self.timing is not None and not self.failed:
-            text += " - kept compiled (not slower)"
+            text += " — kept compiled (not slower)"
         return text
 
     def status_fields(self) -> dict:
@@ -374,12 +453,10 @@ class Report:
 
     # -- text
     def short(self, text: str) -> str:
-        """Paths shortened to what follows a known root (ComfyUI dir, site-packages, cwd)."""
-        roots = [r.rstrip(os.sep) + os.sep for r in self.path_roots if r]
-        roots.append(os.getcwd().rstrip(os.sep) + os.sep)
-        for root in sorted(set(roots), key=len, reverse=True):
-            text = text.replace(root, "")
-        return re.sub(r"\S*site-packages" + re.escape(os.sep), "", text)
+        """Source paths in ``text`` shortened: relative to a known root (the ComfyUI dir, the
+        working dir), or to site-packages; relative paths dynamo printed are matched too."""
+        roots = list(dict.fromkeys(r.rstrip(os.sep) for r in (*self.path_roots, os.getcwd()) if r))
+        return _PATH_AT_LINE.sub(lambda m: _short_path(m.group(0), roots), text)
 
     def render(self) -> str:
         s = self.short
@@ -397,6 +474,9 @@ class Report:
                      + (" (in-process reuse: compiled before this Apply)" if self.reused and not
                         self.frames else ""))
         for i, f in enumerate(self.frames):
+            if i == MAX_FRAME_LINES:
+                lines.append(f"  ... and {len(self.frames) - i} more")
+                break
             tag = []
             if f.get("recompile_reason"):
                 tag.append("recompile")
@@ -406,34 +486,42 @@ class Report:
                          + (f" ({', '.join(tag)})" if tag else ""))
 
         if self.graph_breaks is None:
-            n = self.break_count
+            n = self.resume_frames
             lines.append("Graph breaks: not analysed" + (f" ({self.breaks_note})" if self.breaks_note else "")
-                         + (f"; dynamo counted {n} while compiling" if n else ""))
+                         + (f"; {_plural(n, 'compiled frame')} resume after a graph break" if n else ""))
         else:
+            cuts = sum(b.splits for b in self.graph_breaks)
             lines.append(f"Graph breaks: {len(self.graph_breaks)}"
-                         + (f" ({self.breaks_note})" if self.breaks_note else ""))
+                         + (f" ({self.breaks_note}" if self.breaks_note else " (")
+                         + (f"; {cuts} graph cuts in all, a break inside nested calls cuts each "
+                            "caller too)" if cuts != len(self.graph_breaks) else ")"))
             for i, b in enumerate(self.graph_breaks, 1):
-                lines.append(f"  {i}. {s(b.where)} [{b.region}]: {b.summary}")
-                outer = [f for f in b.stack[:-1] if f != b.where][-2:]
-                if outer:
-                    lines.append(f"     called from {' <- '.join(s(f) for f in reversed(outer))}")
+                lines.append(f"  {i}. {s(b.where)} [{b.region}]")
+                lines.append(f"     reason: {b.summary}")
+                if b.inside:
+                    lines.append(f"     inside: {s(b.inside)}")
+                if b.callers:
+                    lines.append(f"     called from: {' <- '.join(s(f) for f in b.callers)}")
         lines.append(f"Recompiles: {len(self.recompiles)}")
         for i, r in enumerate(self.recompiles, 1):
             lines.append(f"  {i}. {s(r.frame)} ({r.seconds:.2f} s"
                          + (", during this diagnosis" if r.during_diagnosis else "") + ")")
-            lines.append(f"     guard: {r.guard}")
-            if not r.hint.startswith("guard: "):
+            lines.append(f"     guard: {r.guard}" + (f"  (at {s(r.source)})" if r.source else ""))
+            if r.hint:
                 lines.append(f"     likely cause: {r.hint}")
 
         reuse = ("reused compiled work already built in this server (reuse_if_similar)"
                  if self.reused else "compiled for this Apply (nothing to reuse in this server)")
-        if not self.persistent:
+        if self.backend != "inductor":
+            persist = f"not used (backend {self.backend} builds no inductor code)"
+        elif not self.persistent:
             persist = "off"
         elif self.cache_hits or self.cache_misses:
             persist = f"{self.cache_hits} hit(s), {self.cache_misses} miss(es)"
         else:
-            persist = "not consulted yet"
-        lines.append(f"Caches: in-process: {reuse}; persistent inductor cache: {persist}")
+            persist = "not consulted yet (nothing compiled since this model was applied)"
+        lines.append(f"Caches (status {self.state or '?'}): in-process: {reuse}; "
+                     f"persistent inductor cache: {persist}")
 
         t = self.timing
         if t is None:
@@ -453,6 +541,29 @@ class Report:
             else:
                 lines.append(f"Peak memory: {t.memory_note}")
         return "\n".join(lines)
+
+
+MAX_FRAME_LINES = 40
+RESUME_PREFIX = "torch_dynamo_resume_in_"
+_PATH_AT_LINE = re.compile(r"[^\s:()\[\]'\"]+\.py(?=:\d+)")
+
+
+def _short_path(path: str, roots: list[str]) -> str:
+    """``roots`` in order of preference (the ComfyUI dir before the working dir)."""
+    if os.path.isabs(path):
+        i = path.rfind(f"{os.sep}site-packages{os.sep}")
+        if i >= 0:
+            return path[i + len(f"{os.sep}site-packages{os.sep}"):]
+        for root in roots:
+            if path.startswith(root + os.sep):
+                return path[len(root) + 1:]
+        return path
+    parts = path.split(os.sep)
+    for root in roots:  # e.g. ".host/comfyui/comfy/a.py", printed relative to another dir
+        for i in range(len(parts) - 1):
+            if os.path.isfile(os.path.join(root, *parts[i:])):
+                return os.path.join(*parts[i:])
+    return path
 
 
 def _plural(n: int, word: str) -> str:

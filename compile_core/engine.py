@@ -86,7 +86,6 @@ def _frames_since(start_us: int) -> list[dict]:
             "frame": f"{m.co_name} at {m.co_filename}:{m.co_firstlineno}",
             "seconds": round(m.entire_frame_compile_time_s or 0.0, 3),
             "recompile_reason": m.recompile_reason or "",
-            "graph_breaks": m.num_graph_breaks or 0,
         })
     return out
 

@@ -29,6 +29,7 @@ class CompiledEntry:
     frames: list = dataclasses.field(default_factory=list)  # engine._frames_since records
     fleet_checked: bool = False  # the shared store was asked once for this entry
     fleet_hit: bool = False
+    measurement: dict = dataclasses.field(default_factory=dict)  # last Diagnostics speedup
 
 
 class ReuseRegistry:

@@ -1,19 +1,13 @@
 """A small JSON-able summary of what compile did for one Apply node (for logs and the UI badge)."""
 from __future__ import annotations
 
-import weakref
-
 MEASURED_KEYS = ("speedup", "eager_ms", "compiled_ms")
-_measured: dict[int, dict] = {}  # id(CompiledEntry) -> the Diagnostics node's latest measurement
 
 
 def remember_measurement(entry, fields: dict) -> None:
     """Keep the latest eager/compiled measurement (Torch Compile Diagnostics) with the compiled
     entry, so every later status of it (e.g. after a sampling run) still shows the speedup."""
-    key = id(entry)
-    if key not in _measured:
-        weakref.finalize(entry, _measured.pop, key, None)
-    _measured[key] = {k: fields.get(k) for k in MEASURED_KEYS}
+    entry.measurement = {k: fields.get(k) for k in MEASURED_KEYS}
 
 
 def status_payload(compiled, node_id: str | None = None) -> dict:
@@ -48,5 +42,5 @@ def status_payload(compiled, node_id: str | None = None) -> dict:
         "cache": ("hit" if e.cache_hits and not e.cache_misses else
                   "miss" if e.cache_misses else "none"),
         "shared_cache": "hit" if e.fleet_hit else ("miss" if e.fleet_checked else "off"),
-        **_measured.get(id(e), {}),
+        **e.measurement,
     }

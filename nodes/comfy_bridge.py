@@ -10,6 +10,7 @@ import comfy.patcher_extension as patcher_extension
 import folder_paths
 
 from ..compile_core import log, warmup
+from ..compile_core.regions import family_of
 from ..compile_core.status import status_payload
 
 WRAPPER_KEY = "torch_compile_speed"
@@ -87,7 +88,6 @@ def diagnosis_calls(model_patcher, compiled, latent_samples):
     import uuid
 
     import comfy.model_management
-    import torch
 
     from ..compile_core import regions
 
@@ -145,7 +145,7 @@ def compile_ahead(model_patcher, compiled) -> None:
     pbar = comfy.utils.ProgressBar(runs * len(sizes))
     compiled.mark_warmed()
     for size in sizes:
-        inputs = warmup.ahead_inputs(base.diffusion_model, compiled.plan.family,
+        inputs = warmup.ahead_inputs(base.diffusion_model, family_of(base.diffusion_model),
                                      base.latent_format.latent_channels, size, device, dtype)
         if inputs is None:
             log.info("no compile-ahead recipe for %s; it compiles at the first sampling step",

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..compile_core import diagnostics, log
-from ..compile_core.status import status_payload
+from ..compile_core.status import remember_measurement, status_payload
 
 _TIPS = {
     "model": "The compiled model from 'Apply Torch Compile'. It is measured as it is and passed "
@@ -59,6 +59,9 @@ class TorchCompileDiagnostics:
                      "returns the eager model", report.regions, report.timing.speedup)
         text = report.render()
         log.info("diagnostics: %s", report.verdict())
-        comfy_bridge.send_status({**status_payload(compiled, apply_node), **report.status_fields(),
+        fields = report.status_fields()
+        if report.timing is not None:  # later statuses of this compiled model keep showing it
+            remember_measurement(compiled.entry, fields)
+        comfy_bridge.send_status({**status_payload(compiled, apply_node), **fields,
                                   "diagnostics_node": unique_id})
         return {"ui": {"text": [text]}, "result": (out, text)}

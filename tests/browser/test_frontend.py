@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import make_tiny_wan, wan_t2v_prompt
+from harness import add_diagnostics, make_tiny_wan, wan_t2v_prompt
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -135,6 +135,30 @@ def test_status_badge_shows_real_compile_numbers(comfy_page, tiny_wan):
     page.frame(["loader", "apply", "sampler"], zoom=0.9)
     shot = page.screenshot("badge_after_run.png")
     assert_png(shot)
+    assert pack_errors(page) == [], pack_errors(page)
+
+
+def test_diagnostics_report_and_speedup_show_in_the_ui(comfy_page, tiny_wan):
+    page = comfy_page
+    prompt = wan_t2v_prompt(tiny_wan, compile_settings={"backend": "aot_eager"}, prefix="diag")
+    add_diagnostics(prompt, measure_runs=3)
+    page.evaluate(f"app.loadApiJson({json.dumps(prompt)}, 'tcs_diag.json')")
+    history = page.queue_and_wait(timeout=300)
+    assert history["status"]["status_str"] == "success"
+    report = page.wait_for("app.graph.getNodeById('diag')?.tcsReport ?? null", timeout=30,
+                           what="the diagnostics report on the node")
+    assert report.startswith("Torch Compile Diagnostics") and "Step time" in report, report
+    assert page.node("diag", "n.widgets.find(w => w.name === 'tcs_report').value") == report
+    # the report box is display-only: it never enters the prompt or the saved workflow
+    prompt_out = page.evaluate("app.graphToPrompt().then(p => p.output)")
+    assert "tcs_report" not in prompt_out["diag"]["inputs"]
+    status = page.wait_for("""(() => { const s = app.graph.getNodeById('apply')?.tcsStatus;
+                                       return s && typeof s.speedup === 'number' && s; })()""",
+                           timeout=30, what="a status with the measured speedup")
+    assert status["speedup"] > 0
+    assert any("vs eager" in line for line in page.node("apply", "n.tcsBadge")["lines"])
+    page.frame(["apply", "diag"], zoom=0.8)
+    assert_png(page.screenshot("diagnostics_report.png"))
     assert pack_errors(page) == [], pack_errors(page)
 
 

@@ -104,6 +104,51 @@ def _make_tiny_wan_main(out, num_layers, dim, seed):
     print(f"saved {out}: {len(sd)} tensors, forward std {y.std().item():.3f}")
 
 
+def tiny_wan_lora_name(num_layers=2, dim=256, rank=4, seed=0) -> str:
+    return f"tcs_tiny_wan_lora_l{num_layers}_d{dim}_r{rank}_s{seed}.safetensors"
+
+
+def make_tiny_wan_lora(num_layers=2, dim=256, rank=4, seed=0) -> Path:
+    """A LoRA for ``make_tiny_wan(num_layers, dim)`` in ComfyUI's generic LoRA format
+    (``diffusion_model.<module>.lora_up.weight`` / ``.lora_down.weight`` / ``.alpha``) on every
+    block's attention projections and FFN, generated once into ``.host/models/``. Its deltas are
+    about 10 % of the weights, so strength visibly changes the output."""
+    import torch
+    import safetensors.torch
+
+    cached = MODEL_CACHE / tiny_wan_lora_name(num_layers, dim, rank, seed)
+    if cached.exists():
+        return cached
+    g = torch.Generator().manual_seed(1000 + seed)
+    shapes = {}
+    for i in range(num_layers):
+        for attn in ("self_attn", "cross_attn"):
+            for proj in ("q", "k", "v", "o"):
+                shapes[f"blocks.{i}.{attn}.{proj}"] = (dim, dim)
+        shapes[f"blocks.{i}.ffn.0"] = (2 * dim, dim)
+        shapes[f"blocks.{i}.ffn.2"] = (dim, 2 * dim)
+    sd = {}
+    for name, (out_f, in_f) in shapes.items():
+        key = f"diffusion_model.{name}"
+        sd[f"{key}.lora_up.weight"] = torch.randn(out_f, rank, generator=g) * 0.08
+        sd[f"{key}.lora_down.weight"] = torch.randn(rank, in_f, generator=g) * 0.08
+        sd[f"{key}.alpha"] = torch.tensor(float(rank))
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".tmp{os.getpid()}")
+    safetensors.torch.save_file(sd, str(tmp))
+    os.replace(tmp, cached)
+    return cached
+
+
+PACK_LOG_PREFIX = "[TorchCompileSpeed]"
+
+
+def pack_lines(log_text, *needles) -> list[str]:
+    """The pack's log lines that contain every one of ``needles``."""
+    return [ln for ln in log_text.splitlines()
+            if PACK_LOG_PREFIX in ln and all(n in ln for n in needles)]
+
+
 # --------------------------------------------------------------------------- server process
 
 class PromptError(RuntimeError):
@@ -177,6 +222,13 @@ class ComfyHost:
         """Link a model file into ``models/diffusion_models``; returns its UNETLoader name."""
         path = Path(path).resolve()
         self._link(path, self.base_dir / "models" / "diffusion_models" / path.name)
+        return path.name
+
+    def add_lora(self, path) -> str:
+        """Link a LoRA file into ``models/loras``; returns its LoraLoaderModelOnly name."""
+        path = Path(path).resolve()
+        (self.base_dir / "models" / "loras").mkdir(parents=True, exist_ok=True)
+        self._link(path, self.base_dir / "models" / "loras" / path.name)
         return path.name
 
     # -- lifecycle
@@ -311,6 +363,20 @@ class ComfyHost:
         """The report of a TCSTestProbe node."""
         return self.outputs(history, node_id)["probe"][0]
 
+    def state(self, history, node_id) -> dict:
+        """The global-state digest of a TCSTestStateSnapshot node."""
+        return self.outputs(history, node_id)["state"][0]["state"]
+
+    @staticmethod
+    def execution_error(exc) -> dict:
+        """The ``execution_error`` message data inside a ``PromptError`` from ``wait``/``run``."""
+        text = str(exc)
+        body = json.loads(text.split(" failed: ", 1)[1]) if " failed: " in text else None
+        for item in body if isinstance(body, list) else []:
+            if item[0] == "execution_error":
+                return item[1]
+        raise AssertionError(f"no execution_error in: {text}")
+
 
 # --------------------------------------------------------------------------- workflows
 
@@ -406,6 +472,24 @@ def wan_two_branch_prompt(model_name, *, compile_settings=None, steps=4, width=1
                     latent_ref=("afterA", 0))
     p.update(extra_nodes or {})
     return p
+
+
+def add_diagnostics(prompt, *, tag="", node_id=None, measure_runs=3, auto_disable_if_slower=False,
+                    rewire=True, latent_ref=("latent", 0)) -> str:
+    """Insert a TorchCompileDiagnostics node after ``apply{tag}`` (default id ``diag{tag}``).
+
+    With ``rewire`` the branch's sampler and probe take the Diagnostics node's model output, so
+    it runs before sampling and its (possibly auto-disabled) model is what gets sampled.
+    Returns the node id; its report is ``host.outputs(history, node_id)["text"][0]``."""
+    node_id = node_id or f"diag{tag}"
+    prompt[node_id] = {"class_type": "TorchCompileDiagnostics", "inputs": {
+        "model": [f"apply{tag}", 0], "samples": list(latent_ref), "measure_runs": measure_runs,
+        "auto_disable_if_slower": auto_disable_if_slower}}
+    if rewire:
+        for nid in (f"sampler{tag}", f"probe{tag}"):
+            if nid in prompt:
+                prompt[nid]["inputs"]["model"] = [node_id, 0]
+    return node_id
 
 
 def counters_delta(before, after) -> dict:

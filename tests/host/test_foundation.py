@@ -4,7 +4,7 @@ contract as WanVideoWrapper consumes it."""
 import pytest
 import torch
 
-from harness import (PromptError, counters_delta, settings_inputs, wan_consumer_nodes,
+from harness import (PromptError, counters_delta, wan_consumer_nodes,
                      wan_t2v_prompt, wan_two_branch_prompt)
 
 ORIGINAL_REQUIRED = ["backend", "fullgraph", "mode", "dynamic", "dynamo_cache_size_limit",

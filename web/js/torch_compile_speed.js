@@ -10,11 +10,13 @@
 //    UI-format workflows store widget values by position.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { ComfyWidgets } from "../../scripts/widgets.js";
 
 const EXTENSION = "TorchCompileSpeed.UI";
 const STATUS_EVENT = "torch_compile_speed.status";
 const SETTINGS_NODE = "TorchCompileSpeedSettings";
 const APPLY_NODE = "ApplyTorchCompile";
+const DIAGNOSTICS_NODE = "TorchCompileDiagnostics";
 
 const PTX_DEPENDENTS = ["ptx_fast_math", "warmup_runs", "ptx_cache_dir"];
 const SPEED_OVERRIDES = ["backend", "dynamic"];
@@ -252,6 +254,27 @@ function onStatus(event) {
 
 // ------------------------------------------------------------------ registration
 
+/** Show the Diagnostics node's report (its ui.text) in a read-only text box on the node. */
+function showReport(node, text) {
+  if (typeof text !== "string") return;
+  let w = widget(node, "tcs_report");
+  if (!w) {
+    w = ComfyWidgets.STRING(node, "tcs_report", ["STRING", { multiline: true }], app).widget;
+    // display only: never stored in the workflow (serialize) nor sent in a prompt (options)
+    w.serialize = false;
+    w.options = { ...(w.options ?? {}), serialize: false };
+    if (w.inputEl) {
+      w.inputEl.readOnly = true;
+      w.inputEl.style.fontFamily = "monospace";
+      w.inputEl.style.fontSize = "11px";
+    }
+  }
+  w.value = text;
+  node.tcsReport = text;
+  node.setSize?.([Math.max(node.size[0], 520), Math.max(node.size[1], 360)]);
+  node.setDirtyCanvas?.(true, true);
+}
+
 function chain(proto, method, after) {
   const original = proto[method];
   proto[method] = function (...args) {
@@ -279,12 +302,16 @@ app.registerExtension({
         syncSettingsWidgets(this);
       });
       chain(nodeType.prototype, "onWidgetChanged", function (name) {
-        if (name === "experimental_ptx" || name === "mode") syncSettingsWidgets(this);
+        if (["experimental_ptx", "mode", "declared_shapes"].includes(name)) syncSettingsWidgets(this);
       });
       // Safety net for value changes that bypass callbacks (undo, paste, other extensions):
       // the check is a few array lookups per frame and only marks the canvas dirty on change.
       chain(nodeType.prototype, "onDrawForeground", function () {
         syncSettingsWidgets(this);
+      });
+    } else if (nodeData?.name === DIAGNOSTICS_NODE) {
+      chain(nodeType.prototype, "onExecuted", function (message) {
+        showReport(this, message?.text?.[0]);
       });
     } else if (nodeData?.name === APPLY_NODE) {
       chain(nodeType.prototype, "onDrawForeground", function (ctx) {

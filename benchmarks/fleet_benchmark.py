@@ -1,0 +1,91 @@
+"""Fleet benchmark (issue #6) in the real ComfyUI host: worker 1 compiles cold and publishes to a
+shared store; worker 2 (its own base directory, empty local caches) warm-starts from it. Both
+variants, Redis and a shared directory, run side by side in one run.
+
+    .venv/bin/python benchmarks/fleet_benchmark.py [--blocks 8] [--dim 256]
+
+Writes benchmarks/results/fleet_cpu.json and fleet_cpu.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "host"))
+sys.path.insert(0, str(ROOT / "tests"))
+from harness import ComfyHost, make_tiny_wan, wan_t2v_prompt  # noqa: E402
+from redis_server import RedisServer  # noqa: E402
+
+SETTINGS = {"backend": "inductor", "mode": "default", "compile_transformer_blocks_only": True}
+
+
+def first_compiled_run(work: Path, name: str, model: Path, store: str) -> dict:
+    host = ComfyHost(work / name, models=[model],
+                     env={"TORCH_COMPILE_SPEED_SHARED_CACHE": store,
+                          "TORCHINDUCTOR_CACHE_DIR": str(work / f"{name}_default_inductor")})
+    with host:
+        eager = host.latent(host.run(wan_t2v_prompt(model.name, apply=False, prefix="e")))
+        offset = host.log_offset()
+        start = time.perf_counter()
+        hist = host.run(wan_t2v_prompt(model.name, compile_settings=SETTINGS, prefix="c"), timeout=1200)
+        seconds = time.perf_counter() - start
+        out = host.latent(hist)
+        log = host.log_text(since=offset)
+    return {"seconds": round(seconds, 2),
+            "shared_hit": "shared cache hit" in log, "published": "published" in log,
+            "rel_l2_vs_eager": float((out - eager).norm() / eager.norm())}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=256)
+    args = ap.parse_args()
+    model = make_tiny_wan(num_layers=args.blocks, dim=args.dim)
+    results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "commit": subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                                        capture_output=True, text=True).stdout.strip(),
+               "model": f"tiny WAN 2.1, {args.blocks} blocks, dim {args.dim}",
+               "load_average_start": os.getloadavg(), "command": " ".join(sys.argv), "stores": {}}
+    with tempfile.TemporaryDirectory(prefix="tcs_fleet_bench_") as tmp:
+        work = Path(tmp)
+        redis = RedisServer(work)
+        try:
+            for kind, store in (("redis", redis.url), ("directory", str(work / "volume"))):
+                w1 = first_compiled_run(work / kind, "worker1", model, store)
+                w2 = first_compiled_run(work / kind, "worker2", model, store)
+                results["stores"][kind] = {"worker1_cold": w1, "worker2_warm": w2,
+                                           "ratio": round(w2["seconds"] / w1["seconds"], 3)}
+                print(kind, results["stores"][kind], flush=True)
+        finally:
+            redis.stop()
+    results["load_average_end"] = os.getloadavg()
+    out = ROOT / "benchmarks" / "results"
+    (out / "fleet_cpu.json").write_text(json.dumps(results, indent=1))
+    lines = ["# Fleet benchmark (CPU, real ComfyUI host)", "",
+             f"- {results['model']}; regional inductor compile; 4-step prompt over HTTP",
+             f"- date {results['date']}, commit `{results['commit']}`, load average at start "
+             f"{[round(x, 2) for x in results['load_average_start']]}",
+             f"- command: `.venv/bin/python benchmarks/fleet_benchmark.py --blocks {args.blocks} "
+             f"--dim {args.dim}`", "",
+             "| store | worker 1 cold first run s | worker 2 first run s | worker 2 / worker 1 | target | "
+             "worker 2 hit shared entry |", "|---|---|---|---|---|---|"]
+    for kind, r in results["stores"].items():
+        verdict = "MET" if r["ratio"] <= 0.15 else "missed"
+        lines.append(f"| {kind} | {r['worker1_cold']['seconds']} | {r['worker2_warm']['seconds']} | "
+                     f"{r['ratio']} | <= 0.15 ({verdict}) | {r['worker2_warm']['shared_hit']} |")
+    (out / "fleet_cpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
