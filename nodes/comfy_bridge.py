@@ -35,6 +35,8 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
     def torch_compile_speed_wrapper(executor, *args, **kwargs):
         base_model = executor.class_obj
         x = args[0] if args else kwargs["x"]
+        if not compiled.entry.runs and not compiled.entry.failed:  # the UI shows "compiling..."
+            send_status({**status_payload(compiled, node_id), "state": "compiling"})
         out = compiled.run(base_model.diffusion_model, lambda: executor(*args, **kwargs), x.device)
         if compiled.changed:
             send_status(status_payload(compiled, node_id))

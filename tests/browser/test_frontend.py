@@ -113,7 +113,7 @@ def test_status_badge_shows_real_compile_numbers(comfy_page, tiny_wan):
     history = page.queue_and_wait(timeout=300)
     assert history["status"]["status_str"] == "success"
     status = page.wait_for("""(() => { const s = app.graph.getNodeById('apply')?.tcsStatus;
-                                       return s && s.state !== 'pending' && s; })()""",
+                                       return s && !['pending', 'compiling'].includes(s.state) && s; })()""",
                            timeout=30, what="a status event after sampling")
     run_s = time.monotonic() - t0
     print(f"\nqueued + ran + badge in {run_s:.1f}s; status {status}")
@@ -182,6 +182,9 @@ def test_badge_formats_other_states(comfy_page, tiny_wan):
 
     whole = send({**base, "state": "cold", "regional": False, "region_count": 1, "recompiles": 0})
     assert whole["lines"][1].startswith("whole model") and "0 recompiles" in whole["lines"][1]
+
+    compiling = send({**base, "state": "compiling", "graphs": 0, "compile_seconds": 0})
+    assert compiling["lines"][0] == "torch.compile: compiling… (first step)"
 
     width = page.node("apply", "n.size[0]")
     reason = ("BackendCompilerFailed: backend='inductor' raised: InvalidCxxCompiler: No working C++ "
@@ -400,7 +403,7 @@ def test_original_pack_ui_workflow_loads_and_runs(comfy_page, settings_spec, var
     # The badge got the run's status. (Whether dynamic=True compiles or falls back to eager is
     # the engine's business, tested in tests/host; here the run only has to succeed.)
     status = page.wait_for("""(() => { const s = app.graph.getNodeById(12)?.tcsStatus;
-                                       return s && s.state !== 'pending' && s; })()""",
+                                       return s && !['pending', 'compiling'].includes(s.state) && s; })()""",
                            timeout=30, what="a status event after sampling")
     assert status["backend"] == "eager" and status["node"] == "12", status
 

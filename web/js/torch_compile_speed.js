@@ -23,6 +23,7 @@ const SPEED_OVERRIDES = ["backend", "dynamic"];
 
 const STATES = {
   pending: { label: "pending (not run yet)", color: "#9aa0a6" },
+  compiling: { label: "compiling… (first step)", color: "#d29922" },
   cold: { label: "compiled (cold)", color: "#f0b232" },
   warm: { label: "warm (compile cache)", color: "#58a6ff" },
   reused: { label: "reused (in memory)", color: "#3fb950" },
