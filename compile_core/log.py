@@ -19,20 +19,24 @@ def warning(msg: str, *args) -> None:
     logger.warning(f"{PREFIX} {msg}", *args)
 
 
-def warn_once(key: str, msg: str, *args) -> bool:
-    """Log ``msg`` as a warning the first time ``key`` is seen in this process."""
+def _first_time(key: str) -> bool:
     with _said_lock:
         if key in _said:
             return False
         _said.add(key)
-    warning(msg, *args)
-    return True
+        return True
+
+
+def warn_once(key: str, msg: str, *args) -> bool:
+    """Log ``msg`` as a warning the first time ``key`` is seen in this process."""
+    if _first_time(key):
+        warning(msg, *args)
+        return True
+    return False
 
 
 def info_once(key: str, msg: str, *args) -> bool:
-    with _said_lock:
-        if key in _said:
-            return False
-        _said.add(key)
-    info(msg, *args)
-    return True
+    if _first_time(key):
+        info(msg, *args)
+        return True
+    return False

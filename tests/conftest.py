@@ -1,4 +1,5 @@
-"""Shared by the unit and the host tests: the repo root on sys.path, the ``pack`` fixture, markers."""
+"""Shared by all tests: the repo root and tests/host on sys.path, the ``pack`` fixture, markers,
+and the tiny WAN model the host and browser tests run."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,8 +11,10 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACK_NAME = "TorchCompileSpeed"
 
-if str(REPO_ROOT) not in sys.path:  # ``import compile_core`` (pure torch, no ComfyUI)
-    sys.path.insert(0, str(REPO_ROOT))
+# ``import compile_core`` (pure torch, no ComfyUI) and ``import harness`` (the real-ComfyUI host)
+for _p in (REPO_ROOT, REPO_ROOT / "tests" / "host"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 
 def pytest_configure(config):
@@ -45,3 +48,16 @@ def pack():
     if not preexisting:
         for mod in [m for m in sys.modules if m == PACK_NAME or m.startswith(PACK_NAME + ".")]:
             sys.modules.pop(mod, None)
+
+
+@pytest.fixture(scope="session")
+def tiny_wan_path():
+    """Path of the cached 2-layer dim-256 tiny WAN 2.1 checkpoint (generated once)."""
+    from harness import make_tiny_wan
+    return make_tiny_wan(num_layers=2, dim=256, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_wan(tiny_wan_path):
+    """UNETLoader name of the 2-layer dim-256 tiny WAN (linked into every host's models)."""
+    return tiny_wan_path.name

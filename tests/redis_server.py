@@ -3,17 +3,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import pytest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness import free_port  # noqa: F401 - re-exported for the fleet tests
 
 
 def require(binary: str) -> str:

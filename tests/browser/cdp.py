@@ -9,13 +9,10 @@ DevTools websocket (``websocket-client``): ``evaluate`` runs JS and returns its 
 from __future__ import annotations
 
 import base64
-import ctypes
 import itertools
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import threading
 import time
@@ -23,6 +20,7 @@ import weakref
 from pathlib import Path
 
 import requests
+from harness import die_with_parent, free_port, kill_group  # tests/host (conftest puts it on the path)
 
 try:  # websocket-client (requirements-dev.txt); conftest turns its absence into a clear message
     import websocket
@@ -53,32 +51,6 @@ class JSError(RuntimeError):
     """JS evaluated in the page threw."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent():
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _kill_group(proc, grace=5.0):
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(grace)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-
-
 class Chromium:
     """A headless Chromium process with a DevTools port; ``new_page()`` opens a tab."""
 
@@ -95,14 +67,14 @@ class Chromium:
 
     def start(self, timeout=60.0):
         self.user_data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         args = [self.executable, *CHROMIUM_FLAGS, f"--user-data-dir={self.user_data_dir}",
                 f"--remote-debugging-port={self.port}", "about:blank"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
-        self._finalizer = weakref.finalize(self, _kill_group, self.proc)
+                                         preexec_fn=die_with_parent)
+        self._finalizer = weakref.finalize(self, kill_group, self.proc)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:

@@ -21,7 +21,7 @@ for p in (HERE, HOST_DIR):  # ``import cdp`` / ``import harness`` under any --im
 
 import cdp  # noqa: E402
 from cdp import Chromium, find_chromium  # noqa: E402
-from harness import ComfyHost, make_tiny_wan  # noqa: E402
+from harness import ComfyHost  # noqa: E402
 
 ARTIFACTS = HERE / "artifacts"
 PAGE_TIMEOUT = 90.0  # page load + frontend start; the 2-core CI machine may be busy
@@ -78,16 +78,6 @@ def browser(chromium_path, tmp_path_factory):
     chrome = Chromium(root / "profile", executable=chromium_path, log_path=root / "chromium.log")
     with chrome:
         yield chrome
-
-
-@pytest.fixture(scope="session")
-def tiny_wan_path():
-    return make_tiny_wan(num_layers=2, dim=256, seed=0)
-
-
-@pytest.fixture(scope="session")
-def tiny_wan(tiny_wan_path):
-    return tiny_wan_path.name
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # so ``import harness`` works under any --import-mode
     sys.path.insert(0, str(HERE))
 
-from harness import ComfyHost, make_tiny_wan  # noqa: E402
+from harness import ComfyHost  # noqa: E402
 
 
 def pytest_configure(config):
@@ -19,18 +19,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.host)
-
-
-@pytest.fixture(scope="session")
-def tiny_wan_path():
-    """Path of the cached 2-layer dim-256 tiny WAN checkpoint."""
-    return make_tiny_wan(num_layers=2, dim=256, seed=0)
-
-
-@pytest.fixture(scope="session")
-def tiny_wan(tiny_wan_path):
-    """UNETLoader name of the 2-layer dim-256 tiny WAN (linked into every host's models)."""
-    return tiny_wan_path.name
 
 
 @pytest.fixture(scope="session")

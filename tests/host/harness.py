@@ -155,13 +155,13 @@ class PromptError(RuntimeError):
     """A prompt was rejected by /prompt or failed while executing."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _kill_group(proc, grace=10.0):
+def kill_group(proc, grace=10.0):
     """SIGTERM the server's process group, then SIGKILL it (also reaps inductor compile workers)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -174,7 +174,7 @@ def _kill_group(proc, grace=10.0):
             pass
 
 
-def _die_with_parent():
+def die_with_parent():
     """In the child before exec: SIGKILL it when the test process dies (Linux prctl)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -188,7 +188,7 @@ class ComfyHost:
     def __init__(self, base_dir, *, models=(), cross_attention=True, extra_args=(), env=None,
                  port=None, omp_threads=1, with_pack=True, with_test_nodes=True):
         self.base_dir = Path(base_dir)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.client_id = uuid.uuid4().hex
         self.log_path = self.base_dir / "comfyui.log"
@@ -239,11 +239,11 @@ class ComfyHost:
         try:
             self.proc = subprocess.Popen(self.args, cwd=COMFY_DIR, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True, preexec_fn=die_with_parent)
         finally:
             log.close()
         # weakref.finalize also runs at interpreter exit; PDEATHSIG covers a killed test runner.
-        self._finalizer = weakref.finalize(self, _kill_group, self.proc)
+        self._finalizer = weakref.finalize(self, kill_group, self.proc)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -260,7 +260,7 @@ class ComfyHost:
 
     def stop(self):
         if self._finalizer is not None:
-            self._finalizer()  # runs _kill_group once; later calls are no-ops
+            self._finalizer()  # runs kill_group once; later calls are no-ops
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
