@@ -46,7 +46,7 @@ def make_compiled_call(settings: CompileSettings) -> Callable:
 
 @contextlib.contextmanager
 def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
-             policy: str = "auto") -> Iterator[None]:
+             policy: str = "auto", whole_model: bool = False) -> Iterator[None]:
     """Route each module's ``__call__`` through ``compiled`` for the duration of the block,
     with its inputs prepared by the shape policy."""
     saved = []
@@ -54,7 +54,7 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
     try:
         for m in modules:
             shaper = shapers.get(type(m)) or shapers.setdefault(
-                type(m), shapes.InputShaper(m, family, policy))
+                type(m), shapes.InputShaper(m, family, policy, whole_model))
             saved.append((m, m.__dict__.get("_compiled_call_impl", _MISSING)))
             m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper)
         yield
@@ -137,7 +137,8 @@ class CompiledModel:
         try:
             with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env), \
                     attached(self.plan.modules(diffusion_model), self.entry.compiled,
-                             self.plan.family, self.settings.shape_policy):
+                             self.plan.family, self.settings.shape_policy,
+                             not self.plan.regional):
                 if ptx and not self._warmed and self.settings.warmup_runs:
                     secs = warmup.warm(call, self.settings.warmup_runs, device)
                     log.info("warmed Triton kernels %d time(s) on %s in %.1f s",

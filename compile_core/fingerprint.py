@@ -17,24 +17,35 @@ from .regions import RegionPlan
 _structure_cache: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
-def _cheap_signature(module: nn.Module) -> tuple:
-    """Changes when a submodule or parameter is replaced (new objects) or moved/cast."""
-    params = list(module.parameters())
-    head = params[0] if params else None
-    return (hash(tuple(map(id, params))), None if head is None else (head.dtype, head.device))
+def _named_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Parameters and buffers with their dotted names, in one walk of ``_modules`` (several
+    times faster than ``named_parameters()`` + ``named_buffers()`` on a ~1000-tensor DiT)."""
+    out: list[tuple[str, torch.Tensor]] = []
+    stack = [("", module)]
+    while stack:
+        prefix, m = stack.pop()
+        for store in (m._parameters, m._buffers):
+            out.extend((prefix + n, t) for n, t in store.items() if t is not None)
+        stack.extend((f"{prefix}{n}.", c) for n, c in reversed(m._modules.items()) if c is not None)
+    return out
 
 
 def structure_digest(module: nn.Module) -> str:
-    """Hash of class names, parameter/buffer names, shapes, dtypes and devices."""
-    sig = _cheap_signature(module)
+    """Hash of class names, parameter/buffer names, shapes, dtypes and devices.
+
+    Cached per module (weakly); the cache is checked against the tensors' identities, so a
+    replaced submodule or parameter, or a cast/move, is noticed."""
+    tensors = _named_tensors(module)
+    sig = hash(tuple(id(t) for _, t in tensors))
     hit = _structure_cache.get(module)
-    if hit is not None and hit[0] == sig:
+    if hit is not None and hit[0] == sig and (not tensors or hit[2] == (tensors[0][1].dtype,
+                                                                          tensors[0][1].device)):
         return hit[1]
-    h = hashlib.sha256(f"{type(module).__module__}.{type(module).__qualname__}".encode())
-    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|{t.device}\n".encode())
-    digest = h.hexdigest()
-    _structure_cache[module] = (sig, digest)
+    described = [(n, tuple(t.shape), t.dtype, t.device) for n, t in tensors]
+    key = f"{type(module).__module__}.{type(module).__qualname__}|{described!r}"
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    head = (tensors[0][1].dtype, tensors[0][1].device) if tensors else None
+    _structure_cache[module] = (sig, digest, head)
     return digest
 
 

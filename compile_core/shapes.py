@@ -38,7 +38,13 @@ def torch_dynamic(policy: str) -> bool | None:
     return {"auto": None, "static": False, "dynamic": True}[policy]
 
 
-def _generic_dims(t: torch.Tensor) -> tuple[int, ...]:
+def _generic_dims(t: torch.Tensor, whole_model: bool) -> tuple[int, ...]:
+    if whole_model:
+        # A whole diffusion model derives Python sizes from its latent (e.g. ComfyUI's WAN rope
+        # ``linspace(steps=w // 2)``), which re-specialises spatial dims marked dynamic; torch 2.13's
+        # FX graph cache then served a graph built for another size (wrong output, see
+        # benchmarks/repro_whole_model_fxcache.py). Only the batch is dynamic there.
+        return (0,) if t.ndim else ()
     # [B, S, C] tokens; [B, C, H, W] images; [B, C, T, H, W] video latents
     return {3: (0, 1), 4: (0, 2, 3), 5: (0, 2, 3, 4)}.get(t.ndim, (0,) if t.ndim else ())
 
@@ -46,9 +52,10 @@ def _generic_dims(t: torch.Tensor) -> tuple[int, ...]:
 class InputShaper:
     """Prepares the arguments of one region type's calls (cheap: runs on every block call)."""
 
-    def __init__(self, module: nn.Module, family: str, policy: str):
+    def __init__(self, module: nn.Module, family: str, policy: str, whole_model: bool = False):
         self.policy = policy
-        self.dims = FAMILY_DYNAMIC_DIMS.get(family)
+        self.whole_model = whole_model
+        self.dims = None if whole_model else FAMILY_DYNAMIC_DIMS.get(family)
         self.signature = inspect.signature(type(module).forward) if self.dims else None
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -66,7 +73,7 @@ class InputShaper:
             if isinstance(value, torch.Tensor):
                 if batch is None:
                     batch = value.shape[0] if value.ndim else None
-                    args[i] = self._prepare(value, _generic_dims(value))
+                    args[i] = self._prepare(value, _generic_dims(value, self.whole_model))
                 else:
                     args[i] = self._prepare(value, self._batch_dim(value, batch))
         kwargs = {k: self._prepare(v, self._batch_dim(v, batch)) if isinstance(v, torch.Tensor) else v
