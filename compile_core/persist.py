@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,34 @@ MAX_GB_ENV = "TORCH_COMPILE_SPEED_CACHE_MAX_GB"  # operator: size bound (default
 DEFAULT_MAX_GB = 20.0
 META = "meta.json"
 MEGACACHE = "megacache.bin"
+WRITING_GRACE_S = 60.0  # a .so younger than this may still be being written by another process
+
+
+def shared_object_problem(path: Path) -> str:
+    """'' when a compiled ``.so`` looks whole: ELF magic, and the section header table (which
+    the linker writes last) inside the file. Cheap: reads 64 bytes. Linux only ('' elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return ""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+        size = os.path.getsize(path)
+    except OSError as exc:
+        return f"unreadable ({exc.__class__.__name__})"
+    if head[:4] != b"\x7fELF":
+        return "not a shared object"
+    order = "little" if head[5:6] == b"\x01" else "big"
+    if head[4:5] == b"\x02" and len(head) >= 64:  # 64-bit
+        shoff, shentsize, shnum = (int.from_bytes(head[a:b], order)
+                                   for a, b in ((0x28, 0x30), (0x3A, 0x3C), (0x3C, 0x3E)))
+    elif head[4:5] == b"\x01" and len(head) >= 52:  # 32-bit
+        shoff, shentsize, shnum = (int.from_bytes(head[a:b], order)
+                                   for a, b in ((0x20, 0x24), (0x2E, 0x30), (0x30, 0x32)))
+    else:
+        return "truncated"
+    if shoff + shentsize * shnum > size:
+        return "truncated"
+    return ""
 
 
 def dir_size(path: Path) -> int:
@@ -59,12 +88,61 @@ class PersistentCache:
         return self.entry_dir(fingerprint) / "inductor"
 
     def env(self, fingerprint: str) -> dict[str, str]:
+        """The run's env; the first time in this process an entry is used, a damaged one is
+        discarded (see ``damage``) so this compile rebuilds it."""
+        self.discard_if_damaged(fingerprint)
         d = self.inductor_dir(fingerprint)
         d.mkdir(parents=True, exist_ok=True)
         return {"TORCHINDUCTOR_CACHE_DIR": str(d)}
 
+    def read_meta(self, fingerprint: str) -> dict | None:
+        """meta.json as a dict, or None when it is missing, unreadable or for another entry."""
+        try:
+            meta = json.loads((self.entry_dir(fingerprint) / META).read_text())
+        except (OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) and meta.get("fingerprint") == fingerprint else None
+
     def is_complete(self, fingerprint: str) -> bool:
-        return (self.entry_dir(fingerprint) / META).is_file()
+        return self.read_meta(fingerprint) is not None
+
+    def damage(self, fingerprint: str) -> str:
+        """Why this entry cannot be trusted, or ''. A disk that filled up, a copy cut short or a
+        crash while saving leaves garbage that torch does not always survive: unreadable pickles
+        are recompiled, but a broken CPU-feature probe ``.so`` silently turns off vectorised
+        kernels, and a broken kernel ``.so`` next to an intact FX-graph entry fails the compile."""
+        d = self.entry_dir(fingerprint)
+        if (d / META).exists() and self.read_meta(fingerprint) is None:
+            return f"{META} is unreadable"
+        inductor = self.inductor_dir(fingerprint)
+        settled = time.time() - WRITING_GRACE_S
+        for dirpath, _dirs, files in os.walk(inductor):
+            for name in files:
+                if name.endswith(".so"):
+                    path = Path(dirpath) / name
+                    try:
+                        if path.stat().st_mtime > settled:
+                            continue  # maybe still being written (gcc writes in place) by a
+                            # process sharing this cache dir
+                    except OSError:
+                        continue
+                    problem = shared_object_problem(path)
+                    if problem:
+                        return f"{path.relative_to(d)} is {problem}"
+        return ""
+
+    def discard_if_damaged(self, fingerprint: str) -> bool:
+        """Check an entry once per process; remove it (with one warning) when it is damaged."""
+        d = self.entry_dir(fingerprint)
+        if not log._first_time(f"persist-checked:{d}"):
+            return False
+        problem = self.damage(fingerprint) if d.exists() else ""
+        if not problem:
+            return False
+        shutil.rmtree(d, ignore_errors=True)
+        log.warning("persistent cache entry %s was damaged (%s): discarded it, so this compile "
+                    "starts cold and saves a fresh copy", d, problem)
+        return True
 
     def mark_complete(self, fingerprint: str, info: dict) -> None:
         d = self.entry_dir(fingerprint)
@@ -122,9 +200,12 @@ class PersistentCache:
         if not path.is_file():
             return False
         try:
-            torch.compiler.load_cache_artifacts(path.read_bytes())
-            return True
+            # torch returns None (after logging its own warning) for bytes it cannot read
+            if torch.compiler.load_cache_artifacts(path.read_bytes()) is not None:
+                return True
+            reason = "torch could not deserialize them"
         except Exception as exc:  # noqa: BLE001 - corrupt or incompatible: compile normally
-            log.warning("discarding unreadable torch cache artifacts %s: %s", path, exc)
-            path.unlink(missing_ok=True)
-            return False
+            reason = str(exc)
+        log.warning("discarding unreadable torch cache artifacts %s: %s", path, reason)
+        path.unlink(missing_ok=True)
+        return False

@@ -44,12 +44,19 @@ def torch_features() -> dict[str, bool]:
 
 def cpp_compiler_problem() -> str:
     """'' when inductor's C++ compiler (torch's own search: CXX / g++ / clang++) runs.
-    Cached per CXX/CC value, so a reuse hit does not pay for a subprocess."""
-    return _cpp_compiler_problem(os.environ.get("CXX"), os.environ.get("CC"))
+    Cached per CXX/CC value and per ``torch._inductor.config.cpp.cxx`` (the list torch really
+    searches, read from CXX when inductor's config is imported), so a reuse hit does not pay
+    for a subprocess and a changed compiler is checked again."""
+    try:
+        from torch._inductor import config as inductor_config
+        search = repr(inductor_config.cpp.cxx)
+    except Exception:  # noqa: BLE001 - no inductor: the search below reports it
+        search = ""
+    return _cpp_compiler_problem(os.environ.get("CXX"), os.environ.get("CC"), search)
 
 
 @functools.lru_cache(maxsize=8)
-def _cpp_compiler_problem(_cxx, _cc) -> str:
+def _cpp_compiler_problem(_cxx, _cc, _search) -> str:
     try:
         from torch._inductor import cpp_builder
         compiler = cpp_builder.get_cpp_compiler()

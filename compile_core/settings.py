@@ -60,7 +60,7 @@ def backend_choices() -> list[str]:
         others = torch._dynamo.list_backends(exclude_tags=())
     except Exception:
         others = []
-    return first + sorted(b for b in others if b not in first)
+    return first + sorted(b for b in others if b not in first and not b.endswith("_TESTING_ONLY"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,18 +44,21 @@ class ApplyTorchCompile:
         if checked is None:
             return (model,)
         settings = checked
+        persistent, fleet = PersistentCache.default(user), Fleet.from_env()
         try:
-            compiled = engine.prepare(dm, settings,
-                                      ptx_cache_dir=ptx_dir,
-                                      persistent=PersistentCache.default(user),
-                                      fleet=Fleet.from_env())
-        except Exception as exc:  # noqa: BLE001
-            if not fallback.is_compile_failure(exc):
-                raise
-            log.warning("torch.compile could not be set up, so the model stays eager. %s",
-                        fallback.explain(exc))
+            compiled = engine.prepare(dm, settings, ptx_cache_dir=ptx_dir,
+                                      persistent=persistent, fleet=fleet)
+        except Exception as exc:  # noqa: BLE001 - nothing of the model has run yet, so any
+            # failure here is compile set-up (e.g. torch.compile() importing a third-party
+            # backend whose package is broken raises ImportError): the model stays eager.
+            log.warning("torch.compile could not be set up with backend %r, so the model stays "
+                        "eager. %s", settings.backend, fallback.explain(exc))
             return (model,)
         patched = comfy_bridge.with_compile_wrapper(model, compiled, unique_id)
-        comfy_bridge.compile_ahead(patched, compiled)
+        try:
+            comfy_bridge.compile_ahead(patched, compiled)
+        except Exception as exc:  # noqa: BLE001 - an optimisation: sampling compiles instead
+            log.warning("compile-ahead skipped (%s: %s); the first sampling step compiles instead",
+                        type(exc).__name__, exc)
         comfy_bridge.send_status(status_payload(compiled, unique_id))
         return (patched,)

@@ -9,4 +9,5 @@ if ! bash scripts/install_system_deps.sh; then
   echo "[test] chromium/redis-server could not be installed; their tests will fail or skip" >&2
   [ -z "${CI:-}" ] || exit 1
 fi
-exec .venv/bin/python -m pytest tests "$@"
+# a private basetemp: pytest prunes /tmp/pytest-of-$USER across concurrent runs
+exec .venv/bin/python -m pytest tests --basetemp="$PWD/.host/pytest-tmp" "$@"

@@ -245,7 +245,11 @@ def test_backend_choices():
     assert choices[:2] == ["inductor", "cudagraphs"]
     assert {"eager", "aot_eager"} <= set(choices)
     assert len(choices) == len(set(choices))
-    assert set(choices) >= set(torch._dynamo.list_backends(exclude_tags=()))
+    registered = set(torch._dynamo.list_backends(exclude_tags=()))
+    # every registered backend, except torch's own failure-injection ones
+    assert set(choices) == {b for b in registered if not b.endswith("_TESTING_ONLY")} | {
+        "inductor", "cudagraphs"}
+    assert not any(b.endswith("_TESTING_ONLY") for b in choices)
 
 
 def test_backend_choices_include_a_newly_registered_backend(raising_backend):

@@ -8,8 +8,21 @@ All node names start with ``TCSTest``:
 - ``TCSTestLatentAfter``: latent pass-through that waits for another node (orders branches).
 - ``TCSTestReferenceCompileArgs``: the dict WanVideoWrapper's own settings node emits.
 - ``TCSTestWanStyleConsumer``: consumes a WANCOMPILEARGS dict the way WanVideoWrapper does.
+- ``TCSTestRawCompileArgs``: any JSON value as WANCOMPILEARGS (malformed input from "another node").
+- ``TCSTestStateSnapshot``: a digest of the server process's global torch state (leak checks).
+- ``TCSTestForceLowVram``: a MODEL clone that ComfyUI loads partially (lowvram patching) on CPU.
+
+Importing this module also registers two TEST-ONLY torch.compile backends, so they appear in
+the settings node's backend choices (it lists every registered backend):
+
+- ``tcs_test_raising_backend``: raises ``RuntimeError("boom")`` whenever dynamo asks it to compile.
+- ``tcs_test_unloadable_backend``: a FAKE entry-point backend whose import fails, like a broken
+  third-party backend install (``torch.compile(backend=...)`` itself raises).
 """
+import json
 import logging
+import math
+import os
 
 import torch
 
@@ -189,6 +202,170 @@ class TCSTestWanStyleConsumer:
         return {"ui": {"consumer": [report]}}
 
 
+# --------------------------------------------------------------------------- reliability (issue #5)
+
+RAISING_BACKEND = "tcs_test_raising_backend"
+UNLOADABLE_BACKEND = "tcs_test_unloadable_backend"
+
+
+def _tcs_test_raising_backend(gm, example_inputs):
+    """TEST-ONLY backend: a compiler that always fails (a runtime compile failure)."""
+    raise RuntimeError("boom")
+
+
+class _BrokenEntryPoint:
+    """TEST-ONLY FAKE of an ``importlib.metadata`` entry point for a torch.compile backend whose
+    package is installed but broken: ``load()`` raises, as e.g. a CUDA-mismatched torch_tensorrt
+    does. torch looks the backend up (and so fails) inside ``torch.compile(...)`` itself."""
+    name = UNLOADABLE_BACKEND
+    value = "tcs_test_broken_backend_pkg:backend"
+
+    def load(self):
+        raise ImportError("tcs_test_broken_backend_pkg: libtcs_missing.so.1: cannot open shared "
+                          "object file: No such file or directory")
+
+
+def _register_test_backends():
+    from torch._dynamo.backends import registry
+    registry._lazy_import()  # built-in and entry-point backends first (what list_backends does)
+    if RAISING_BACKEND not in registry._COMPILER_FNS:
+        torch._dynamo.register_backend(name=RAISING_BACKEND)(_tcs_test_raising_backend)
+    registry._BACKENDS.setdefault(UNLOADABLE_BACKEND, _BrokenEntryPoint())
+
+
+_register_test_backends()
+
+
+class TCSTestRawCompileArgs:
+    """TEST-ONLY: emits ``json.loads(value)`` as WANCOMPILEARGS: any dict, list, number, string or
+    null, as a buggy or foreign node could send to ApplyTorchCompile."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("WANCOMPILEARGS",)
+    RETURN_NAMES = ("torch_compile_args",)
+    FUNCTION = "make"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("STRING", {"default": "{}", "multiline": True})}}
+
+    def make(self, value):
+        return (json.loads(value),)
+
+
+# Process state that is not state anyone could leak: ComfyUI/pytest bookkeeping and the
+# handshake inductor writes into os.environ before loading every compiled CPU .so.
+_NOT_STATE_ENV = {"_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}
+
+
+def _digest(value):
+    """A JSON-able, comparable form of a config value (sets sorted: their order is not state)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(repr(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_digest(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _digest(v) for k, v in value.items()}
+    return repr(value)
+
+
+def state_digest():
+    """TEST-ONLY: ``compile_core.scoped.snapshot()`` (the pack's own definition of leakable state:
+    dynamo/inductor (incl. its triton sub-config)/fx config, the pack's env vars, TF32 flags and
+    matmul precision) plus the whole environment, grad mode and default dtype."""
+    import importlib
+    import sys
+    pack = next((m for n, m in sys.modules.items() if n.endswith("compile_core.scoped")), None)
+    if pack is None:  # the pack is loaded as a custom node; its module name has the folder's name
+        pack = importlib.import_module("TorchCompileSpeed.compile_core.scoped")
+    snap = pack.snapshot()
+    out = {}
+    for section, values in snap.items():
+        if isinstance(values, dict):
+            out[section] = {str(k): _digest(v) for k, v in values.items()}
+        else:
+            out[section] = _digest(values)
+    out["environ"] = {k: v for k, v in os.environ.items() if k not in _NOT_STATE_ENV}
+    out["process"] = {"grad": torch.is_grad_enabled(), "default_dtype": str(torch.get_default_dtype()),
+                      "deterministic": torch.are_deterministic_algorithms_enabled(),
+                      "num_threads": torch.get_num_threads(),
+                      "cudnn_benchmark": torch.backends.cudnn.benchmark}
+    return out
+
+
+class TCSTestStateSnapshot:
+    """TEST-ONLY output node: the server's global torch state now (``state_digest``), as ui output.
+    ``samples`` passes through, so a sampler can be ordered after it (latent_image = this node)."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "snapshot"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "label": ("STRING", {"default": "snapshot"})}}
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")
+
+    def snapshot(self, samples, label):
+        return {"ui": {"state": [{"label": label, "state": state_digest()}]}, "result": (samples,)}
+
+
+_LOWVRAM_BUDGET_KEY = "tcs_test_lowvram_budget"
+
+
+def _lowvram_patcher_class():
+    """TEST-ONLY: a ModelPatcher subclass that loads with a tiny memory budget on CPU.
+
+    On ``--cpu`` ComfyUI always loads models fully (``load_models_gpu``: a CPU load device means
+    VRAMState.DISABLED), so its lowvram path (modules left "offloaded" with
+    ``comfy_cast_weights`` and LoRA ``weight_function`` patches applied at each forward) never
+    runs. This subclass starts every load from unpatched weights and caps the memory
+    ``partially_load`` may use, which is what a GPU short of VRAM gets. ``clone()`` keeps the
+    class, so ApplyTorchCompile and LoRA loaders downstream keep it too."""
+    import comfy.model_patcher
+
+    class TCSTestLowVramPatcher(comfy.model_patcher.ModelPatcher):
+        def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+            budget = int(self.model_options.get(_LOWVRAM_BUDGET_KEY, 0))
+            if not budget:
+                return super().partially_load(device_to, extra_memory, force_patch_weights)
+            if not self.model.model_lowvram or self.model.current_weight_patches_uuid != self.patches_uuid:
+                self.unpatch_model(self.offload_device, unpatch_weights=True)  # load from scratch
+            return super().partially_load(device_to, min(extra_memory, budget), force_patch_weights)
+
+    return TCSTestLowVramPatcher
+
+
+class TCSTestForceLowVram:
+    """TEST-ONLY: a clone of MODEL that ComfyUI loads partially (``budget_mb`` of weights loaded,
+    the rest in lowvram mode), as on a GPU without enough free VRAM."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "force"
+    _cls = None
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",),
+                             "budget_mb": ("FLOAT", {"default": 2.0, "min": 0.001, "max": 1e6})}}
+
+    def force(self, model, budget_mb):
+        if TCSTestForceLowVram._cls is None:
+            TCSTestForceLowVram._cls = _lowvram_patcher_class()
+        clone = model.clone()
+        clone.__class__ = TCSTestForceLowVram._cls
+        clone.model_options[_LOWVRAM_BUDGET_KEY] = int(budget_mb * 1024 * 1024)
+        return (clone,)
+
+
 NODE_CLASS_MAPPINGS = {c.__name__: c for c in (TCSTestZeroConditioning, TCSTestProbe, TCSTestLatentAfter,
-                                                TCSTestReferenceCompileArgs, TCSTestWanStyleConsumer)}
+                                                TCSTestReferenceCompileArgs, TCSTestWanStyleConsumer,
+                                                TCSTestRawCompileArgs, TCSTestStateSnapshot,
+                                                TCSTestForceLowVram)}
 NODE_DISPLAY_NAME_MAPPINGS = {k: f"[test] {k}" for k in NODE_CLASS_MAPPINGS}

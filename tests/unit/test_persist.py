@@ -1,0 +1,266 @@
+"""compile_core.persist: the on-disk cache stays bounded, and damaged files never break a run.
+
+Eviction is least-recently-used by entry mtime and never removes the entry in use. Garbage
+mega-cache bytes are discarded. A damaged entry (garbage ``meta.json``, a ``.so`` that is not
+a whole shared object) is discarded the first time a process uses it, so the compile starts
+cold instead of tripping over it (see ``test_reliability_fallback.py`` for the real server).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from compile_core import persist
+from compile_core.persist import META, MEGACACHE, PersistentCache, shared_object_problem
+
+MB = 1024 * 1024
+OLD = time.time() - 3600  # "left there by an earlier run"
+
+
+def _entry(root: Path, name: str, size: int, mtime: float) -> Path:
+    d = root / name
+    (d / "inductor").mkdir(parents=True, exist_ok=True)
+    (d / "inductor" / "blob.bin").write_bytes(b"\0" * size)
+    os.utime(d, (mtime, mtime))
+    return d
+
+
+def _real_shared_object() -> Path:
+    lib = Path(torch.__file__).parent / "lib"
+    for name in ("libc10.so", "libtorch_global_deps.so", "libshm.so"):
+        if (lib / name).is_file():
+            return lib / name
+    pytest.skip("no torch shared library found to copy")
+
+
+def _backdate(path: Path, when: float = OLD):
+    for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        os.utime(p, (when, when))
+
+
+# --------------------------------------------------------------------------- eviction
+
+def test_evict_drops_least_recently_used_until_it_fits(tmp_path, pack_log):
+    cache = PersistentCache(tmp_path, max_bytes=int(2.5 * MB))
+    for i, name in enumerate(["a", "b", "c", "d", "e"]):
+        _entry(tmp_path, name, MB, mtime=1000 + i)  # a is oldest
+    removed = cache.evict(keep="e")
+    assert removed == ["a", "b", "c"]
+    assert sorted(p.name for p in cache.entries()) == ["d", "e"]
+    assert sum(persist.dir_size(p) for p in cache.entries()) <= cache.max_bytes
+    assert any("evicted 3 old entries" in m for m in pack_log.infos())
+
+
+def test_evict_never_removes_keep_even_when_oldest(tmp_path):
+    cache = PersistentCache(tmp_path, max_bytes=int(2.5 * MB))
+    _entry(tmp_path, "keep", MB, mtime=1)  # oldest of all
+    _entry(tmp_path, "x", MB, mtime=2)
+    _entry(tmp_path, "y", MB, mtime=3)
+    assert cache.evict(keep="keep") == ["x"]
+    assert sorted(p.name for p in cache.entries()) == ["keep", "y"]
+
+
+def test_evict_keeps_an_oversized_keep_and_drops_everything_else(tmp_path):
+    cache = PersistentCache(tmp_path, max_bytes=MB // 2)
+    _entry(tmp_path, "big", 2 * MB, mtime=5)
+    _entry(tmp_path, "old", MB // 4, mtime=1)
+    _entry(tmp_path, "new", MB // 4, mtime=9)
+    assert cache.evict(keep="big") == ["old", "new"]
+    assert [p.name for p in cache.entries()] == ["big"]
+
+
+def test_evict_does_nothing_under_the_bound(tmp_path, pack_log):
+    cache = PersistentCache(tmp_path, max_bytes=10 * MB)
+    for name in "abc":
+        _entry(tmp_path, name, MB, mtime=1)
+    assert cache.evict() == []
+    assert len(cache.entries()) == 3
+    assert not any("evicted" in m for m in pack_log.infos())
+
+
+def test_touch_protects_an_entry_from_eviction(tmp_path):
+    cache = PersistentCache(tmp_path, max_bytes=int(1.5 * MB))
+    _entry(tmp_path, "used", MB, mtime=1)
+    _entry(tmp_path, "idle", MB, mtime=2)
+    cache.touch("used")  # used just now: most recent
+    assert cache.evict() == ["idle"]
+
+
+def test_evict_ignores_hidden_dirs_and_files_and_a_missing_root(tmp_path):
+    assert PersistentCache(tmp_path / "nope", max_bytes=0).evict() == []
+    cache = PersistentCache(tmp_path, max_bytes=0)
+    (tmp_path / ".staging").mkdir()
+    (tmp_path / ".staging" / "x").write_bytes(b"\0" * MB)
+    (tmp_path / "stray.txt").write_text("not an entry")
+    _entry(tmp_path, "a", 10, mtime=1)
+    assert cache.evict() == ["a"]
+    assert (tmp_path / ".staging" / "x").exists() and (tmp_path / "stray.txt").exists()
+
+
+def test_max_bytes_from_the_operator_env(tmp_path, monkeypatch):
+    monkeypatch.setenv(persist.MAX_GB_ENV, "0.5")
+    assert PersistentCache(tmp_path).max_bytes == 512 * MB
+    monkeypatch.delenv(persist.MAX_GB_ENV)
+    assert PersistentCache(tmp_path).max_bytes == int(persist.DEFAULT_MAX_GB * 1024 ** 3)
+
+
+@pytest.mark.parametrize("value", ["off", "0", "none", "FALSE"])
+def test_operator_can_turn_the_cache_off(tmp_path, monkeypatch, value):
+    monkeypatch.setenv(persist.ROOT_ENV, value)
+    assert PersistentCache.default(tmp_path) is None
+
+
+def test_default_root_is_under_the_user_dir_unless_configured(tmp_path, monkeypatch):
+    monkeypatch.delenv(persist.ROOT_ENV, raising=False)
+    assert PersistentCache.default(tmp_path).root == tmp_path / "torch_compile_speed" / "cache"
+    monkeypatch.setenv(persist.ROOT_ENV, str(tmp_path / "shared"))
+    assert PersistentCache.default(tmp_path).root == tmp_path / "shared"
+
+
+# --------------------------------------------------------------------------- mega-cache bytes
+
+def test_load_megacache_with_garbage_bytes_returns_false_and_removes_the_file(tmp_path, pack_log):
+    cache = PersistentCache(tmp_path, max_bytes=MB)
+    path = cache.entry_dir("fp") / MEGACACHE
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"this is not a torch mega-cache" * 100)
+    assert cache.load_megacache("fp") is False
+    assert not path.exists()
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and "discarding unreadable torch cache artifacts" in warnings[0]
+
+
+@pytest.mark.parametrize("data", [b"", b"\0", os.urandom(4096)])
+def test_load_megacache_survives_any_bytes(tmp_path, data):
+    cache = PersistentCache(tmp_path, max_bytes=MB)
+    path = cache.entry_dir("fp") / MEGACACHE
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    assert cache.load_megacache("fp") is False
+    assert not path.exists()
+
+
+def test_load_megacache_without_a_file_is_false(tmp_path):
+    assert PersistentCache(tmp_path, max_bytes=MB).load_megacache("none") is False
+
+
+def test_save_megacache_writes_a_file_only_when_torch_has_artifacts(tmp_path):
+    """Nothing compiled by inductor in this process: no file; otherwise torch's bytes, atomically."""
+    cache = PersistentCache(tmp_path, max_bytes=MB)
+    cache.entry_dir("fp").mkdir(parents=True)
+    has = torch.compiler.save_cache_artifacts() is not None
+    assert cache.save_megacache("fp") is has
+    path = cache.entry_dir("fp") / MEGACACHE
+    assert path.is_file() is has
+    if has:
+        assert path.stat().st_size > 0
+    assert not path.with_suffix(".tmp").exists()
+
+
+# --------------------------------------------------------------------------- completeness
+
+def test_mark_complete_then_is_complete(tmp_path):
+    cache = PersistentCache(tmp_path, max_bytes=MB)
+    cache.entry_dir("fp").mkdir(parents=True)
+    assert cache.is_complete("fp") is False
+    cache.mark_complete("fp", {"regions": "Block x2"})
+    assert cache.is_complete("fp") is True
+    meta = cache.read_meta("fp")
+    assert meta["fingerprint"] == "fp" and meta["regions"] == "Block x2"
+    assert meta["torch"] == torch.__version__
+    assert not (cache.entry_dir("fp") / (META + ".tmp")).exists()
+
+
+@pytest.mark.parametrize("content", [b"\x00\xff garbage", b"", b"[1, 2]", b'{"fingerprint": "other"}'])
+def test_unreadable_or_foreign_meta_is_not_complete(tmp_path, content):
+    cache = PersistentCache(tmp_path, max_bytes=MB)
+    cache.entry_dir("fp").mkdir(parents=True)
+    (cache.entry_dir("fp") / META).write_bytes(content)
+    assert cache.is_complete("fp") is False
+    assert cache.read_meta("fp") is None
+
+
+# --------------------------------------------------------------------------- damaged entries
+
+def test_shared_object_check(tmp_path):
+    real = _real_shared_object()
+    assert shared_object_problem(real) == ""
+    data = real.read_bytes()
+    cases = {"cut.so": data[: len(data) // 2], "one_short.so": data[:-1], "header.so": data[:40],
+             "garbage.so": os.urandom(300), "empty.so": b""}
+    expected = {"cut.so": "truncated", "one_short.so": "truncated", "header.so": "truncated",
+                "garbage.so": "not a shared object", "empty.so": "not a shared object"}
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        assert shared_object_problem(tmp_path / name) == expected[name], name
+    assert shared_object_problem(tmp_path / "missing.so").startswith("unreadable")
+
+
+def _good_entry(cache: PersistentCache, fp: str) -> Path:
+    d = cache.inductor_dir(fp) / "ab"
+    d.mkdir(parents=True)
+    shutil.copyfile(_real_shared_object(), d / "cabc.so")
+    (d / "cabc.cpp").write_text("// kernel source")
+    (cache.inductor_dir(fp) / "fxgraph").mkdir()
+    (cache.inductor_dir(fp) / "fxgraph" / "entry").write_bytes(os.urandom(64))  # torch copes
+    cache.mark_complete(fp, {})
+    _backdate(cache.entry_dir(fp))
+    return d
+
+
+def test_a_whole_entry_is_not_damaged(tmp_path):
+    cache = PersistentCache(tmp_path, max_bytes=100 * MB)
+    _good_entry(cache, "fp")
+    assert cache.damage("fp") == ""
+    assert cache.discard_if_damaged("fp") is False
+    assert cache.is_complete("fp")
+
+
+@pytest.mark.parametrize("how", ["garbage_so", "truncated_so", "garbage_meta"])
+def test_damaged_entry_is_discarded_once_with_one_warning(tmp_path, pack_log, how):
+    cache = PersistentCache(tmp_path, max_bytes=100 * MB)
+    kernels = _good_entry(cache, "fp")
+    if how == "garbage_so":
+        (kernels / "cabc.so").write_bytes(os.urandom(300))
+    elif how == "truncated_so":
+        data = (kernels / "cabc.so").read_bytes()
+        (kernels / "cabc.so").write_bytes(data[: len(data) // 3])
+    else:
+        (cache.entry_dir("fp") / META).write_bytes(os.urandom(200))
+    _backdate(cache.entry_dir("fp"))
+    assert cache.damage("fp")
+    env = cache.env("fp")  # what a run asks for first
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(cache.inductor_dir("fp"))}
+    assert cache.inductor_dir("fp").is_dir() and not any(cache.inductor_dir("fp").iterdir())
+    assert not cache.is_complete("fp")
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and "damaged" in warnings[0] and "discarded" in warnings[0], warnings
+    # once per process: the rebuilt entry is trusted, nothing is checked or removed again
+    (cache.inductor_dir("fp") / "new.so").write_bytes(b"being written")
+    _backdate(cache.entry_dir("fp"))
+    cache.env("fp")
+    assert (cache.inductor_dir("fp") / "new.so").exists()
+    assert len(pack_log.warnings()) == 1
+
+
+def test_a_shared_object_being_written_now_is_not_judged(tmp_path):
+    """gcc writes the .so in place: another process sharing the cache dir may be mid-write."""
+    cache = PersistentCache(tmp_path, max_bytes=100 * MB)
+    kernels = _good_entry(cache, "fp")
+    (kernels / "cnew.so").write_bytes(b"\x7fELF half written")  # mtime: now
+    assert cache.damage("fp") == ""
+    _backdate(kernels / "cnew.so")
+    assert "cnew.so is truncated" in cache.damage("fp")
+
+
+def test_missing_entry_is_created_not_reported(tmp_path, pack_log):
+    cache = PersistentCache(tmp_path, max_bytes=MB)
+    assert cache.env("new") == {"TORCHINDUCTOR_CACHE_DIR": str(cache.inductor_dir("new"))}
+    assert cache.inductor_dir("new").is_dir()
+    assert pack_log.warnings() == []

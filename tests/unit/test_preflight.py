@@ -1,0 +1,223 @@
+"""compile_core.preflight: a broken toolchain or an unsupported GPU is found before compiling,
+with an actionable message and a downgrade (or eager), and torch features are detected.
+
+The C++ compiler checks run for real (a script that exits 1 stands in for a broken compiler;
+this machine's g++ is the working one). The CUDA checks use a FAKE device: there is no GPU
+here, so ``torch.cuda.get_device_capability`` and ``has_triton`` are monkeypatched.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+from torch._inductor import cpp_builder
+
+from compile_core import preflight as pf
+from compile_core.settings import CompileSettings, build_compile_args
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda", 0)
+FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+def settings(**kw):
+    kw.setdefault("backend", "inductor")
+    kw.setdefault("mode", "default")
+    return CompileSettings.from_args(build_compile_args(**kw))
+
+
+def _clear_compiler_caches():
+    pf._cpp_compiler_problem.cache_clear()
+    cpp_builder.cpp_compiler_search.cache_clear()
+
+
+def _write_failing_compiler(path: Path) -> Path:
+    path.write_text("#!/bin/sh\necho 'tcs test: this compiler is broken' >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def failing_cxx(tmp_path, monkeypatch):
+    """CXX and CC point at a script that exits 1, as inductor sees it: torch reads CXX into
+    ``torch._inductor.config.cpp.cxx`` when inductor's config is imported, so that is patched too
+    (``test_failing_cxx_set_before_torch_starts`` covers the environment-only path)."""
+    script = _write_failing_compiler(tmp_path / "broken-g++")
+    monkeypatch.setenv("CXX", str(script))
+    monkeypatch.setenv("CC", str(script))
+    _clear_compiler_caches()
+    with inductor_config.patch({"cpp.cxx": (None, str(script))}):
+        yield script
+    _clear_compiler_caches()
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """FAKE CUDA device: ``capability`` and ``triton`` say what the checks will see."""
+    import torch.utils._triton as triton_utils
+
+    ns = types.SimpleNamespace(capability=(8, 6), triton=True, asked=[])
+
+    def capability(device=None):
+        ns.asked.append(device)
+        return ns.capability
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    monkeypatch.setattr(triton_utils, "has_triton", lambda: ns.triton)
+    return ns
+
+
+# --------------------------------------------------------------------------- C++ compiler (CPU)
+
+def test_failing_compiler_is_reported(failing_cxx):
+    problem = pf.cpp_compiler_problem()
+    assert problem and "C++ compiler" in problem, problem
+
+
+def test_failing_compiler_makes_inductor_on_cpu_stay_eager_with_the_fix(failing_cxx):
+    checked, findings = pf.preflight(settings(), CPU, {torch.float32})
+    assert checked is None
+    assert len(findings) == 1 and findings[0].check == "cpp-compiler"
+    msg = findings[0].message
+    assert "C++ compiler" in msg and "g++" in msg and "CXX" in msg, msg  # the reason and the fix
+    assert "eager" in msg
+
+
+def test_failing_cxx_set_before_torch_starts(tmp_path):
+    """The server's real situation: CXX/CC in the environment before torch is imported."""
+    script = _write_failing_compiler(tmp_path / "broken-cc")
+    code = ("import json, torch\n"
+            "from compile_core import preflight as pf\n"
+            "from compile_core.settings import CompileSettings, build_compile_args\n"
+            "s = CompileSettings.from_args(build_compile_args(backend='inductor', mode='default'))\n"
+            "checked, findings = pf.preflight(s, torch.device('cpu'), {torch.float32})\n"
+            "print(json.dumps({'problem': pf.cpp_compiler_problem(), 'checked': checked is not None,"
+            " 'messages': [f.message for f in findings]}))\n")
+    env = {**os.environ, "CXX": str(script), "CC": str(script), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["problem"] and out["checked"] is False
+    assert len(out["messages"]) == 1 and "g++" in out["messages"][0]
+
+
+def test_working_compiler_leaves_settings_unchanged():
+    _clear_compiler_caches()
+    assert pf.cpp_compiler_problem() == ""
+    s = settings(mode="max-autotune-no-cudagraphs")
+    checked, findings = pf.preflight(s, CPU, {torch.float32, torch.bfloat16})
+    assert checked is s and findings == []
+
+
+def test_compiler_check_is_cached_and_follows_a_changed_compiler(tmp_path):
+    _clear_compiler_caches()
+    assert pf.cpp_compiler_problem() == ""
+    hits = pf._cpp_compiler_problem.cache_info().hits
+    assert pf.cpp_compiler_problem() == ""
+    assert pf._cpp_compiler_problem.cache_info().hits == hits + 1  # no second subprocess
+    script = _write_failing_compiler(tmp_path / "other-g++")
+    with inductor_config.patch({"cpp.cxx": (None, str(script))}):
+        assert pf.cpp_compiler_problem(), "a changed compiler must be checked again"
+    cpp_builder.cpp_compiler_search.cache_clear()
+    assert pf.cpp_compiler_problem() == ""
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "eager", "cudagraphs"])
+def test_other_backends_skip_the_checks(failing_cxx, fake_cuda, backend):
+    fake_cuda.triton = False
+    fake_cuda.capability = (7, 5)
+    s = settings(backend=backend)
+    for device, dtypes in ((CPU, {torch.float32}), (CUDA, {torch.float16} | ({FP8} if FP8 else set()))):
+        checked, findings = pf.preflight(s, device, dtypes)
+        assert checked is s and findings == []
+    assert fake_cuda.asked == []
+
+
+# --------------------------------------------------------------------------- CUDA (FAKE device)
+
+@pytest.mark.skipif(FP8 is None, reason="this torch has no float8_e4m3fn")
+def test_fp8_e4m3_on_sm86_stays_eager_and_names_sm89(fake_cuda):
+    fake_cuda.capability = (8, 6)
+    checked, findings = pf.preflight(settings(), CUDA, {FP8, torch.bfloat16})
+    assert checked is None
+    assert [f.check for f in findings] == ["fp8"]
+    msg = findings[0].message
+    assert "sm 8.9" in msg and "sm 8.6" in msg and "fp16/bf16" in msg, msg
+
+
+@pytest.mark.skipif(FP8 is None, reason="this torch has no float8_e4m3fn")
+@pytest.mark.parametrize("capability", [(8, 9), (9, 0), (12, 0)])
+def test_fp8_e4m3_on_new_gpus_compiles(fake_cuda, capability):
+    fake_cuda.capability = capability
+    s = settings()
+    checked, findings = pf.preflight(s, CUDA, {FP8})
+    assert checked is s and findings == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32]
+                         + ([torch.float8_e5m2] if hasattr(torch, "float8_e5m2") else []))
+def test_other_dtypes_on_sm86_compile(fake_cuda, dtype):
+    fake_cuda.capability = (8, 6)
+    s = settings()
+    checked, findings = pf.preflight(s, CUDA, {dtype})
+    assert checked is s and findings == []
+
+
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs", "speed"])
+def test_missing_triton_downgrades_to_cudagraphs(fake_cuda, mode):
+    fake_cuda.triton = False
+    s = settings(mode=mode)
+    checked, findings = pf.preflight(s, CUDA, {torch.float16})
+    assert checked is not None and checked is not s
+    assert (checked.backend, checked.mode) == ("cudagraphs", "default")
+    # everything else the user chose is kept
+    assert dataclasses.replace(checked, backend=s.backend, mode=s.mode) == s
+    assert [f.check for f in findings] == ["triton"]
+    assert "cudagraphs" in findings[0].message and "triton" in findings[0].message.lower()
+    assert checked.compile_kwargs()["backend"] == "cudagraphs"
+    assert checked.compile_kwargs()["mode"] is None  # torch.compile rejects modes for non-inductor
+
+
+def test_triton_and_compiler_present_leave_cuda_settings_unchanged(fake_cuda, failing_cxx):
+    """On CUDA inductor generates Triton, not C++: a broken host compiler is not checked there."""
+    fake_cuda.capability = (9, 0)
+    s = settings()
+    checked, findings = pf.preflight(s, CUDA, {torch.bfloat16})
+    assert checked is s and findings == []
+
+
+def test_triton_problem_on_this_machine_says_why():
+    problem = pf.triton_problem()
+    assert isinstance(problem, str)
+    if problem:  # CPU-only torch here: either no triton or no driver
+        assert "Triton" in problem or "triton" in problem
+
+
+# --------------------------------------------------------------------------- torch features
+
+def test_torch_features_are_detected_booleans():
+    feats = pf.torch_features()
+    assert set(feats) >= {"isolate_recompiles", "compile_recompile_limit", "guard_filter_fn",
+                          "mark_unbacked", "nested_compile_region", "cache_artifacts"}
+    assert all(isinstance(v, bool) for v in feats.values()), feats
+    params = inspect.signature(torch.compile).parameters
+    assert feats["isolate_recompiles"] is ("isolate_recompiles" in params)
+    assert feats["compile_recompile_limit"] is ("recompile_limit" in params)
+    assert feats["cache_artifacts"] is hasattr(torch.compiler, "save_cache_artifacts")
+
+
+def test_isolate_recompiles_is_detected_on_this_torch():
+    """torch 2.13 has ``torch.compile(isolate_recompiles=)``; the engine relies on it."""
+    assert pf.torch_features()["isolate_recompiles"] is True
+    assert pf.torch_features() is pf.torch_features()  # computed once
