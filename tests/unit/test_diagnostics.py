@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core import diagnostics, engine, warmup
-from compile_core.diagnostics import Report, Timing
+from compile_core import diagnostics, engine, graph_breaks, recompiles, timing, warmup
+from compile_core.diagnostics import Report
+from compile_core.timing import Timing
 from compile_core.settings import CompileSettings, build_compile_args
 
 CPU = torch.device("cpu")
@@ -48,7 +49,7 @@ def test_measure_uses_medians_and_keeps_warmup_apart():
     eager = sleeper([0.030])
     # first call "compiles" (0.3 s); one measured call is a 0.2 s outlier (e.g. a stray stall)
     compiled = sleeper([0.30, 0.010, 0.010, 0.200, 0.010, 0.010])
-    t = diagnostics.measure(eager, compiled, runs=5)
+    t = timing.measure(eager, compiled, runs=5)
     assert len(eager.calls) == 6 and len(compiled.calls) == 6  # 1 warm-up + 5 measured each
     assert len(t.eager_ms) == len(t.compiled_ms) == 5
     assert t.compiled_warmup_s >= 0.3 and max(t.compiled_ms) < 300  # warm-up not in the runs
@@ -67,12 +68,12 @@ def test_measure_alternates_and_flips_the_order():
             clock.now += ms / 1000
         return call
 
-    t = diagnostics.measure(make("E", 4), make("C", 2), runs=4, clock=lambda: clock.now)
+    t = timing.measure(make("E", 4), make("C", 2), runs=4, clock=lambda: clock.now)
     assert order == ["E", "C", "E", "C", "C", "E", "E", "C", "C", "E"]
     assert t.eager_ms == pytest.approx([4] * 4) and t.compiled_ms == pytest.approx([2] * 4)
     assert t.speedup == pytest.approx(2.0)
     with pytest.raises(ValueError):
-        diagnostics.measure(make("E", 1), make("C", 1), runs=0)
+        timing.measure(make("E", 1), make("C", 1), runs=0)
 
 
 # --------------------------------------------------------------------------- graph breaks
@@ -100,7 +101,7 @@ def make_breaking(fresh_code):
 
 def test_graph_breaks_have_reason_and_file_line(fresh_code, capsys):
     Breaking, helper = make_breaking(fresh_code)
-    breaks = diagnostics.find_graph_breaks(Breaking(), (torch.randn(2, 4),), {"scale": 2.0})
+    breaks = graph_breaks.find_graph_breaks(Breaking(), (torch.randn(2, 4),), {"scale": 2.0})
     assert [b.region for b in breaks] == ["Breaking", "Breaking"]
     printed, item = breaks
     assert printed.where == at(Breaking.forward, 'print(')
@@ -123,7 +124,7 @@ def test_graph_break_search_keeps_other_compiled_code(fresh_code, graph_count):
     x = torch.randn(3)
     cf(x)
     g0 = graph_count()
-    diagnostics.find_graph_breaks(Breaking(), (torch.randn(2, 4),), {})
+    graph_breaks.find_graph_breaks(Breaking(), (torch.randn(2, 4),), {})
     g1 = graph_count()
     cf(x)
     assert graph_count() == g1 > g0  # the break search traced; f was not compiled again
@@ -153,7 +154,7 @@ def test_nested_break_is_reported_once_at_the_user_frame(fresh_code):
 
     fresh_code(Inner, Outer)
     leaf.__code__ = leaf.__code__.replace()
-    breaks = diagnostics.find_graph_breaks(Outer(), (torch.randn(3),), {})
+    breaks = graph_breaks.find_graph_breaks(Outer(), (torch.randn(3),), {})
     assert len(breaks) == 1, [b.stack for b in breaks]
     b = breaks[0]
     assert b.where == at(leaf, 'print(')
@@ -169,8 +170,8 @@ def test_break_before_any_traced_op_is_still_listed(fresh_code):
             return x + 1
 
     fresh_code(Early)
-    breaks = diagnostics.find_graph_breaks(Early(), (torch.randn(3),), {})
-    assert len(breaks) == 1 and breaks[0].where == diagnostics.UNLOCATED
+    breaks = graph_breaks.find_graph_breaks(Early(), (torch.randn(3),), {})
+    assert len(breaks) == 1 and breaks[0].where == graph_breaks.UNLOCATED
     assert "graph_break" in breaks[0].reason
 
 
@@ -188,23 +189,23 @@ def test_library_frames_are_not_the_location():
     inner = [(user, 1265, "get_free_memory"), (site, 682, "open_binary")]
     records = [rec("open", outer, mid, *inner), rec("open", mid, *inner),
                rec("other", (lib, 10, "linear")), rec("open", (user, 1265, "get_free_memory"))]
-    breaks = diagnostics.breaks_from_records(records, "Block")
+    breaks = graph_breaks.breaks_from_records(records, "Block")
     assert [b.where for b in breaks] == [f"{user}:1265 in get_free_memory", f"{lib}:10 in linear",
                                          f"{user}:1265 in get_free_memory"]
     first = breaks[0]
     assert first.inside == f"{site}:682 in open_binary" and first.splits == 2
     assert first.callers == [f"{mid[0]}:234 in attention_sub_quad", f"{outer[0]}:236 in forward"]
-    assert diagnostics.is_library(site) and diagnostics.is_library(lib)
-    assert not diagnostics.is_library(user)
+    assert graph_breaks.is_library(site) and graph_breaks.is_library(lib)
+    assert not graph_breaks.is_library(user)
 
 
 def test_capture_inputs_records_first_call_and_removes_hooks(wan, wan_inputs):
     model = wan.Model(n_blocks=3).eval()
     x, t = wan_inputs()
-    targets = diagnostics.one_per_type(list(model.blocks))
+    targets = graph_breaks.one_per_type(list(model.blocks))
     assert targets == [model.blocks[0]]
     with pytest.raises(RuntimeError, match="boom"):
-        with diagnostics.capture_inputs(targets) as captured:
+        with graph_breaks.capture_inputs(targets) as captured:
             model(x, t)
             raise RuntimeError("boom")
     args, kwargs = captured[0]
@@ -226,7 +227,7 @@ def test_capture_inputs_records_first_call_and_removes_hooks(wan, wan_inputs):
     ("L['self'].training == False", ""),
 ])
 def test_recompile_hints(guard, hint):
-    got = diagnostics.recompile_hint(guard)
+    got = recompiles.recompile_hint(guard)
     assert (hint in got) if hint else got == ""
 
 
@@ -238,7 +239,7 @@ def test_recompiles_from_frame_records_parse_dynamo_guard_text():
               {"frame": "forward at /m.py:1", "seconds": 0.5,
                "recompile_reason": "0/0: tensor 'x' size mismatch at index 1. expected 6, actual 9"},
               {"frame": "resume at /a.py:234", "seconds": 0.25, "recompile_reason": reason}]
-    rec = diagnostics.recompiles_from(frames, new_from=2)
+    rec = recompiles.recompiles_from(frames, new_from=2)
     assert [r.guard for r in rec] == ["tensor 'x' size mismatch at index 1. expected 6, actual 9",
                                       "k_tokens == 128"]
     assert "a new latent size" in rec[0].hint and not rec[0].during_diagnosis
@@ -248,19 +249,19 @@ def test_recompiles_from_frame_records_parse_dynamo_guard_text():
 
 # --------------------------------------------------------------------------- verdict, auto-disable
 
-def timing(eager_ms, compiled_ms):
+def timed(eager_ms, compiled_ms):
     return Timing([eager_ms] * 3, [compiled_ms] * 3, 0.01, 5.0)
 
 
 def test_verdict_text():
-    fast = Report(timing=timing(13.2, 10.0), graph_breaks=[])
+    fast = Report(timing=timed(13.2, 10.0), graph_breaks=[])
     assert fast.verdict() == "compiled is 1.32x faster; 0 graph breaks; 0 recompiles"
-    slow = Report(timing=timing(9.1, 10.0), graph_breaks=[diagnostics.GraphBreak("r", "f:1 in g")],
-                  recompiles=[diagnostics.Recompile("f", "g", "", 1.0)] * 2,
+    slow = Report(timing=timed(9.1, 10.0), graph_breaks=[graph_breaks.GraphBreak("r", "f:1 in g")],
+                  recompiles=[recompiles.Recompile("f", "g", "", 1.0)] * 2,
                   auto_disable_requested=True, auto_disabled=True)
     assert slow.verdict() == ("compiled is slower (0.91x); 1 graph break; 2 recompiles"
                               " — auto-disabled: eager model returned")
-    kept = Report(timing=timing(13.2, 10.0), graph_breaks=[], auto_disable_requested=True)
+    kept = Report(timing=timed(13.2, 10.0), graph_breaks=[], auto_disable_requested=True)
     assert kept.verdict().endswith("— kept compiled (not slower)")
     unknown = Report(frames=[{"frame": "torch_dynamo_resume_in_forward_at_9 at /m.py:9"}],
                      timing_note="call failed", breaks_note="no inputs")
@@ -272,9 +273,9 @@ def test_verdict_text():
 
 
 def test_auto_disable_decision():
-    assert diagnostics.should_auto_disable(timing(9.0, 10.0), True) is True
-    assert diagnostics.should_auto_disable(timing(11.0, 10.0), True) is False
-    assert diagnostics.should_auto_disable(timing(9.0, 10.0), False) is False
+    assert diagnostics.should_auto_disable(timed(9.0, 10.0), True) is True
+    assert diagnostics.should_auto_disable(timed(11.0, 10.0), True) is False
+    assert diagnostics.should_auto_disable(timed(9.0, 10.0), False) is False
     assert diagnostics.should_auto_disable(None, True) is False  # not measured: keep compiled
 
 
