@@ -29,7 +29,7 @@ BENCH_DIR = REPO_ROOT / "benchmarks"
 sys.path.insert(0, str(REPO_ROOT / "tests" / "host"))
 sys.path.insert(0, str(REPO_ROOT))  # compile_core (pure torch)
 from harness import (COMFY_DIR, PYTHON, ComfyHost, counters_delta, make_tiny_wan,  # noqa: E402
-                     wan_t2v_prompt)
+                     rel_l2, wan_t2v_prompt)
 
 VARIANTS = ("eager", "core", "ours-whole", "ours-regional")
 COMPILED_VARIANTS = ("core", "ours-whole", "ours-regional")
@@ -71,10 +71,6 @@ def median(xs):
 
 def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
-
-
-def rel_l2(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def loadavg() -> list[float]:

@@ -492,6 +492,16 @@ def add_diagnostics(prompt, *, tag="", node_id=None, measure_runs=3, auto_disabl
     return node_id
 
 
+def rel_l2(a, b) -> float:
+    """Relative L2 distance of ``a`` from the reference ``b`` (compiled vs eager outputs)."""
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def new_graphs(delta) -> int:
+    """Dynamo graphs compiled in a ``counters_delta`` (first compiles and recompiles)."""
+    return delta.get("stats", {}).get("unique_graphs", 0)
+
+
 def counters_delta(before, after) -> dict:
     """``after - before`` for two probe ``counters`` snapshots (zero entries dropped)."""
     out = {}

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from harness import add_diagnostics, wan_t2v_prompt
+from harness import add_diagnostics, rel_l2, wan_t2v_prompt
 
 FAST = {"backend": "aot_eager"}  # real dynamo tracing, no C++ build
 RATIO = re.compile(r"^  ratio\s+(\d+\.\d+)x \(eager / compiled\)$", re.M)
@@ -35,10 +35,6 @@ def _slow(gm, example_inputs):
 torch._dynamo.register_backend(_slow, name="tcs_test_slow")
 NODE_CLASS_MAPPINGS = {}
 '''
-
-
-def rel_l2(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def report_of(host, history, node_id="diag"):

@@ -6,16 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import ComfyHost, wan_t2v_prompt
+from harness import ComfyHost, rel_l2, wan_t2v_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from redis_server import RedisServer, free_port  # noqa: E402
 
 INDUCTOR = {"backend": "inductor", "mode": "default"}
-
-
-def rel_l2(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def worker_run(tmp_path, name, model, store, settings=INDUCTOR):

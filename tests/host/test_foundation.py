@@ -4,7 +4,7 @@ contract as WanVideoWrapper consumes it."""
 import pytest
 import torch
 
-from harness import (PromptError, counters_delta, wan_consumer_nodes,
+from harness import (PromptError, counters_delta, new_graphs, rel_l2, wan_consumer_nodes,
                      wan_t2v_prompt, wan_two_branch_prompt)
 
 ORIGINAL_REQUIRED = ["backend", "fullgraph", "mode", "dynamic", "dynamo_cache_size_limit",
@@ -14,14 +14,6 @@ ORIGINAL_OPTIONAL = ["ptx_cache_dir", "dynamo_recompile_limit"]
 NEW_OPTIONAL = ["force_parameter_static_shapes", "allow_unmerged_lora_compile", "shape_policy",
                 "declared_shapes"]
 FAST = {"backend": "aot_eager"}  # real dynamo tracing, no C++ build: for logic checks
-
-
-def rel_l2(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def graphs(delta):
-    return delta.get("stats", {}).get("unique_graphs", 0)
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +61,9 @@ def test_inductor_regional_compile_matches_eager_then_never_retraces(comfy_host,
         latents.append(comfy_host.latent(hist))
     first, second, third = (counters_delta(probes[i]["counters"], probes[i + 1]["counters"])
                             for i in range(3))
-    assert graphs(first) >= 1, f"run 1 traced nothing: {first}"
-    assert graphs(second) == 0 and second.get("stats", {}).get("calls_captured", 0) == 0, second
-    assert graphs(third) == 0 and third.get("stats", {}).get("calls_captured", 0) == 0, third
+    assert new_graphs(first) >= 1, f"run 1 traced nothing: {first}"
+    assert new_graphs(second) == 0 and second.get("stats", {}).get("calls_captured", 0) == 0, second
+    assert new_graphs(third) == 0 and third.get("stats", {}).get("calls_captured", 0) == 0, third
     for lat in latents:
         assert rel_l2(lat, eager_ref) < 1e-3
     log = comfy_host.log_text(since=offset)
@@ -131,7 +123,7 @@ def test_reuse_when_same_checkpoint_loaded_again(comfy_host, tiny_wan_path, eage
     offset = comfy_host.log_offset()
     before = comfy_host.run(wan_t2v_prompt(tiny_wan_path.name, apply=False, prefix="reuse_b"))
     hist = comfy_host.run(wan_t2v_prompt(other, compile_settings=settings, prefix="reuse1"))
-    assert graphs(counters_delta(comfy_host.probe(before)["counters"],
+    assert new_graphs(counters_delta(comfy_host.probe(before)["counters"],
                                  comfy_host.probe(hist)["counters"])) == 0
     assert "reusing compiled WanAttentionBlock x2" in comfy_host.log_text(since=offset)
     assert rel_l2(comfy_host.latent(hist), eager_ref) < 1e-3
@@ -140,7 +132,7 @@ def test_reuse_when_same_checkpoint_loaded_again(comfy_host, tiny_wan_path, eage
 def test_reuse_off_compiles_afresh(comfy_host, tiny_wan, eager_ref):
     """dynamo_recompile_limit is not part of the fingerprint but re-executes the Apply node:
     with reuse on the second apply finds the compiled work, with reuse off it compiles again."""
-    new_graphs = {}
+    per_apply = {}
     for reuse in (True, False):
         probes = []
         for limit in (100, 101, 102):
@@ -149,10 +141,10 @@ def test_reuse_off_compiles_afresh(comfy_host, tiny_wan, eager_ref):
                                                  prefix=f"reuse{reuse}{limit}"))
             probes.append(comfy_host.probe(hist))
             assert rel_l2(comfy_host.latent(hist), eager_ref) < 1e-3
-        new_graphs[reuse] = [graphs(counters_delta(a["counters"], b["counters"]))
+        per_apply[reuse] = [new_graphs(counters_delta(a["counters"], b["counters"]))
                              for a, b in zip(probes, probes[1:])]
-    assert new_graphs[True] == [0, 0]
-    assert all(n >= 1 for n in new_graphs[False]), new_graphs
+    assert per_apply[True] == [0, 0]
+    assert all(n >= 1 for n in per_apply[False]), per_apply
 
 
 def test_whole_model_compile(comfy_host, tiny_wan, eager_ref):

@@ -4,13 +4,9 @@ import time
 
 import pytest
 
-from harness import ComfyHost, wan_t2v_prompt
+from harness import ComfyHost, rel_l2, wan_t2v_prompt
 
 SETTINGS = {"backend": "inductor", "mode": "default"}
-
-
-def rel_l2(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 @pytest.mark.slow

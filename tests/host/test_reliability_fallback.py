@@ -18,19 +18,11 @@ import time
 import pytest
 import torch
 
-from harness import ComfyHost, counters_delta, pack_lines, wan_t2v_prompt
+from harness import ComfyHost, counters_delta, new_graphs, pack_lines, rel_l2, wan_t2v_prompt
 
 RAISING = "tcs_test_raising_backend"
 UNLOADABLE = "tcs_test_unloadable_backend"
 INDUCTOR = {"backend": "inductor", "mode": "default"}
-
-
-def rel_l2(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def graphs(delta):
-    return delta.get("stats", {}).get("unique_graphs", 0)
 
 
 def write_failing_compiler(path):
@@ -63,7 +55,7 @@ def test_broken_cpp_compiler_runs_eagerly_with_one_clear_warning(broken_cxx_host
         assert torch.equal(host.latent(hist), eager)
         probe = host.probe(hist)
         assert "torch_compile_speed" not in probe["apply_model_wrapper_keys"]  # the input model, eager
-        assert graphs(counters_delta(before["counters"], probe["counters"])) == 0
+        assert new_graphs(counters_delta(before["counters"], probe["counters"])) == 0
     log = host.log_text(since=offset)
     warnings = pack_lines(log, "preflight:")
     assert len(warnings) == 1, log
@@ -77,7 +69,7 @@ def test_broken_cpp_compiler_does_not_stop_other_backends(broken_cxx_host, tiny_
     host = broken_cxx_host
     eager_hist = host.run(wan_t2v_prompt(tiny_wan, apply=False, prefix="eager2"))
     hist = host.run(wan_t2v_prompt(tiny_wan, compile_settings={"backend": "aot_eager"}, prefix="aot"))
-    assert graphs(counters_delta(host.probe(eager_hist)["counters"], host.probe(hist)["counters"])) >= 1
+    assert new_graphs(counters_delta(host.probe(eager_hist)["counters"], host.probe(hist)["counters"])) >= 1
     assert rel_l2(host.latent(hist), host.latent(eager_hist)) < 1e-6
 
 
@@ -106,7 +98,7 @@ def test_backend_failing_while_compiling_falls_back_eagerly_once(comfy_host, tin
                                        prefix=f"rb{i + 1}"))
         assert torch.equal(host.latent(hist), eager)
         delta = counters_delta(probe["counters"], host.probe(hist)["counters"])
-        assert graphs(delta) == 0 and delta.get("stats", {}).get("calls_captured", 0) == 0, delta
+        assert new_graphs(delta) == 0 and delta.get("stats", {}).get("calls_captured", 0) == 0, delta
         probe = host.probe(hist)
     log = host.log_text(since=offset)
     assert not pack_lines(log, "eagerly") and not pack_lines(log, "failed"), log
@@ -211,7 +203,7 @@ def test_compiled_runs_leak_no_global_state(inductor_server, tiny_wan, case):
         probes.append(host.probe(hist))
     # the compile really happened inside the first window (this fresh server had not compiled
     # this fingerprint yet), and the model that ran was the compiled clone
-    assert graphs(counters_delta(probes[0]["counters"], probes[1]["counters"])) >= 1
+    assert new_graphs(counters_delta(probes[0]["counters"], probes[1]["counters"])) >= 1
     assert probes[-1]["apply_model_wrapper_keys"] == ["torch_compile_speed"]
 
 
@@ -258,7 +250,7 @@ def test_damaged_persistent_cache_is_rebuilt_after_a_restart(inductor_server, ti
     hist = host.run(wan_t2v_prompt(tiny_wan_path.name, compile_settings=settings, prefix="after"))
     log = host.log_text(since=offset)
     assert rel_l2(host.latent(hist), holder.eager) < 1e-3
-    assert graphs(counters_delta(host.probe(eager_hist)["counters"], host.probe(hist)["counters"])) >= 1
+    assert new_graphs(counters_delta(host.probe(eager_hist)["counters"], host.probe(hist)["counters"])) >= 1
     assert not pack_lines(log, "torch.compile failed"), log  # compiled, not an eager fallback
     damaged = pack_lines(log, "was damaged")
     assert len(damaged) == 1 and "discarded" in damaged[0] and entry.name in damaged[0], log

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from harness import ComfyHost, PromptError, wan_t2v_prompt
+from harness import ComfyHost, PromptError, rel_l2, wan_t2v_prompt
 
 FAST = {"backend": "aot_eager"}
 # What WanVideoWrapper's own settings node emits (a valid dict to break one key at a time).
@@ -23,10 +23,6 @@ VALID = {"backend": "aot_eager", "fullgraph": False, "mode": "default", "dynamic
          "allow_unmerged_lora_compile": False}
 REQUIRED = ["dynamo_cache_size_limit", "force_parameter_static_shapes", "compile_transformer_blocks_only",
             "fullgraph", "dynamic", "backend", "mode"]
-
-
-def rel_l2(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def raw_args_prompt(model, value, prefix="raw"):

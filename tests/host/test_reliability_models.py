@@ -12,17 +12,10 @@ import pytest
 import safetensors.torch
 import torch
 
-from harness import ComfyHost, counters_delta, make_tiny_wan, make_tiny_wan_lora, wan_t2v_prompt
+from harness import (ComfyHost, counters_delta, make_tiny_wan, make_tiny_wan_lora, new_graphs,
+                     rel_l2, wan_t2v_prompt)
 
 FAST = {"backend": "aot_eager"}
-
-
-def rel_l2(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def graphs(delta):
-    return delta.get("stats", {}).get("unique_graphs", 0)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +75,7 @@ def _lora_sweep(h, where, settings, strengths=STRENGTHS):
         hist = h.run(model_prompt(h, compile_settings=settings, lora=s, where=where, prefix=f"lc{s}"))
         probe = h.probe(hist)
         assert "torch_compile_speed" in probe["apply_model_wrapper_keys"]  # the sampled model is compiled
-        new = graphs(counters_delta(prev["counters"], probe["counters"])) if prev else None
+        new = new_graphs(counters_delta(prev["counters"], probe["counters"])) if prev else None
         rows.append((rel_l2(h.latent(hist), eager), rel_l2(eager, h.eager0), new))
         prev = probe
     return rows
@@ -163,9 +156,9 @@ def test_two_models_each_match_their_own_eager_output(host, reuse):
             assert h.probe(hist, node)["apply_model_wrapper_keys"] == ["torch_compile_speed"]
         probes.append(h.probe(hist, "probeC"))
     second = counters_delta(probes[1]["counters"], probes[2]["counters"])
-    assert graphs(second) == 0 and second.get("stats", {}).get("calls_captured", 0) == 0, second
+    assert new_graphs(second) == 0 and second.get("stats", {}).get("calls_captured", 0) == 0, second
     if not reuse:  # each model compiled its own graphs on the first run
-        assert graphs(counters_delta(probes[0]["counters"], probes[1]["counters"])) >= 2
+        assert new_graphs(counters_delta(probes[0]["counters"], probes[1]["counters"])) >= 2
 
 
 # --------------------------------------------------------------------------- offload

@@ -1,13 +1,9 @@
 """Issue #3 shape policy on a real ComfyUI server: one compiled graph serves every latent size."""
 import pytest
 
-from harness import counters_delta, wan_t2v_prompt
+from harness import counters_delta, rel_l2, wan_t2v_prompt
 
 SIZES = [(128, 128, 5), (160, 128, 5), (128, 192, 9), (96, 96, 1), (192, 160, 13), (128, 128, 17)]
-
-
-def rel_l2(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def sweep(host, model, settings, cfg=1.0, sizes=SIZES):
