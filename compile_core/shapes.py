@@ -56,15 +56,21 @@ class InputShaper:
         self.policy = policy
         self.whole_model = whole_model
         self.dims = None if whole_model else FAMILY_DYNAMIC_DIMS.get(family)
-        self.signature = inspect.signature(type(module).forward) if self.dims else None
+        # names of forward's positional parameters (after self), computed once: the per-call
+        # path maps a positional argument to its name by index, no Signature.bind per block call
+        self.positional = [p.name for p in list(inspect.signature(type(module).forward)
+                                                .parameters.values())[1:]
+                           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] \
+            if self.dims else []
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if self.signature is not None:
-            bound = self.signature.bind(module, *args, **kwargs)
-            for name, value in bound.arguments.items():
-                if isinstance(value, torch.Tensor):
-                    bound.arguments[name] = self._prepare(value, self.dims.get(name, ()))
-            return bound.args[1:], bound.kwargs
+        if self.dims is not None:
+            names = self.positional
+            args = tuple(self._prepare(v, self.dims.get(names[i] if i < len(names) else "", ()))
+                         if isinstance(v, torch.Tensor) else v for i, v in enumerate(args))
+            kwargs = {k: self._prepare(v, self.dims.get(k, ())) if isinstance(v, torch.Tensor) else v
+                      for k, v in kwargs.items()}
+            return args, kwargs
         # Unknown family: the first tensor is the hidden state; other tensors that share its
         # batch size get a dynamic batch too. Nothing else is guessed.
         args = list(args)
