@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import fallback, log, scoped, shapes, warmup
+from . import fallback, log, prewarm, scoped, shapes, warmup
 from .fingerprint import fingerprint
 from .fleet import Fleet
 from .persist import PersistentCache
@@ -129,8 +129,12 @@ class CompiledModel:
         on_cuda = device.type == "cuda"
         ptx = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
         env = {**(self.persistent.env(self.fingerprint) if self.persistent else {}), **ptx}
-        if self.persistent and self.entry.graphs == 0 and not self.entry.failed:
-            self._before_first_compile(device)
+        recorder = None
+        if self.entry.graphs == 0:
+            prewarm.wait()  # a background warm-up's imports must not race this compile's
+            if self.persistent:
+                recorder = prewarm.ImportRecorder()
+                self._before_first_compile(device)
         graphs_before, start = _graph_count(), time.perf_counter()
         cache_before, run_start_us = _fx_cache_counts(), time.time_ns() // 1000
         failure = ""
@@ -166,6 +170,12 @@ class CompiledModel:
         if new_graphs:
             self.entry.frames.extend(_frames_since(run_start_us))
             self._note_cache(cache_before, on_cuda, device)
+            if recorder is not None:  # what a restarted server can warm before its first compile
+                changed = prewarm.record(self.persistent.root, recorder.new(),
+                                         prewarm.traced_files(),
+                                         env["TORCHINDUCTOR_CACHE_DIR"] if device.type == "cpu" else None)
+                if changed and self.fleet:
+                    self.fleet.publish_manifest(changed)
         return out
 
     def _before_first_compile(self, device: torch.device) -> None:
@@ -216,6 +226,7 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
             registry: ReuseRegistry = REGISTRY, ptx_cache_dir: Path | None = None,
             persistent: PersistentCache | None = None, fleet: Fleet | None = None) -> CompiledModel:
     """Plan regions and find (reuse_if_similar) or build the compiled callable for this model."""
+    prewarm.wait()
     plan = plan_regions(diffusion_model, settings.blocks_only)
     fp = fingerprint(diffusion_model, plan, settings)
     factory = functools.partial(make_compiled_call, settings)

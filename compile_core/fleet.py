@@ -45,7 +45,8 @@ class FleetError(RuntimeError):
 # --------------------------------------------------------------------------- artifact identity
 
 @functools.lru_cache(maxsize=None)
-def _cpu_identity() -> str:
+def cpu_identity() -> str:
+    """CPU flags, C++ compiler version and -march: what a CPU-built kernel depends on."""
     flags = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -81,7 +82,7 @@ def artifact_identity(device: torch.device) -> dict[str, str]:
         major, minor = torch.cuda.get_device_capability(device)
         ident["target"] = f"sm_{major}{minor}"
     else:
-        ident["target"] = _cpu_identity()
+        ident["target"] = cpu_identity()
     return ident
 
 
@@ -262,6 +263,44 @@ class Fleet:
         log.info("published %s (%.1f MB) to shared cache %s", fingerprint[:12], len(payload) / 2 ** 20,
                  self.store.describe())
         return True
+
+
+    # -- the prewarm manifest (compile_core.prewarm): which compiler modules and source files a
+    # worker's compile needed, so a new worker warms them at start-up, before any fingerprint
+    def publish_manifest(self, manifest: dict) -> bool:
+        key, ident = _manifest_key()
+        shared = {k: v for k, v in manifest.items() if k != "isa_dir"}  # a local path
+        try:
+            self.store.put(key, seal(key, ident, json.dumps(shared).encode()))
+        except Exception as exc:  # noqa: BLE001
+            log.warn_once(f"fleet-publish:{type(exc).__name__}",
+                          "could not publish to the shared cache (%s: %s)", type(exc).__name__, exc)
+            return False
+        return True
+
+    def fetch_manifest(self) -> dict | None:
+        key, ident = _manifest_key()
+        try:
+            blob = self.store.get(key)
+            if blob is None:
+                return None
+            if len(blob) > MANIFEST_MAX_BYTES:
+                raise FleetError(f"prewarm manifest is {len(blob)} bytes, over {MANIFEST_MAX_BYTES}")
+            data = json.loads(unseal(blob, key, ident))
+        except Exception as exc:  # noqa: BLE001 - only an optimisation; a store that is down
+            # gets its one warning from the first compile's fetch
+            log.info_once(f"fleet-manifest:{type(exc).__name__}",
+                          "shared prewarm manifest unavailable (%s: %s)", type(exc).__name__, exc)
+            return None
+        return data if isinstance(data, dict) else None
+
+
+MANIFEST_MAX_BYTES = 1 << 20
+
+
+def _manifest_key() -> tuple[str, dict]:
+    ident = {"torch": torch.__version__, "python": platform.python_version(), "kind": "prewarm"}
+    return "prewarm-" + hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24], ident
 
 
 @functools.lru_cache(maxsize=4)

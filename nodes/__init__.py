@@ -13,3 +13,9 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "ApplyTorchCompile": "Apply Torch Compile",
     "TorchCompileDiagnostics": "Torch Compile Diagnostics",
 }
+
+try:  # inside a ComfyUI server: warm the compiler in the background after a restart
+    from .comfy_bridge import prewarm_when_server_starts
+    prewarm_when_server_starts()
+except ImportError:  # imported outside ComfyUI (tests, tooling)
+    pass

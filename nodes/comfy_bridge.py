@@ -177,3 +177,23 @@ def send_status(payload: dict) -> None:
         PromptServer.instance.send_sync(STATUS_EVENT, payload)
     except Exception as exc:  # noqa: BLE001 - a UI message must not break sampling
         log.warn_once("status-send", "could not send the status to the UI: %s", exc)
+
+
+def prewarm_when_server_starts() -> bool:
+    """Warm torch's compiler stack in the background once the server is up (after every custom
+    node has loaded, so no other pack's imports race ours); see compile_core.prewarm."""
+    try:
+        from server import PromptServer
+        app = PromptServer.instance.app
+    except Exception:  # noqa: BLE001 - not inside a ComfyUI server (tests, tooling)
+        return False
+
+    async def torch_compile_speed_prewarm(_app):
+        from ..compile_core import prewarm
+        from ..compile_core.fleet import Fleet
+        from ..compile_core.persist import PersistentCache
+        cache, fleet = PersistentCache.default(user_directory()), Fleet.from_env()
+        prewarm.start(cache.root if cache else None, fleet.fetch_manifest if fleet else None)
+
+    app.on_startup.append(torch_compile_speed_prewarm)
+    return True

@@ -1,5 +1,7 @@
 """Issue #3 persistent warm start on a real ComfyUI server: a restarted server (new process,
-same base directory) loads the compiled graphs from the per-fingerprint cache."""
+same base directory) loads the compiled graphs from the per-fingerprint cache, after warming
+torch's compiler stack in the background from the manifest the first server recorded."""
+import json
 import time
 
 import pytest
@@ -13,7 +15,7 @@ SETTINGS = {"backend": "inductor", "mode": "default"}
 def test_restarted_server_hits_persistent_cache(tmp_path, tiny_wan_path):
     base = tmp_path / "server"
     cache_root = base / "user" / "torch_compile_speed" / "cache"
-    timings, logs = [], []
+    timings, logs, startup_logs = [], [], []
     for restart in range(2):
         host = ComfyHost(base, models=[tiny_wan_path])
         # a fresh process with torch's default inductor dir emptied: only our cache can help
@@ -25,7 +27,17 @@ def test_restarted_server_hits_persistent_cache(tmp_path, tiny_wan_path):
             hist = host.run(wan_t2v_prompt(tiny_wan_path.name, compile_settings=SETTINGS, prefix="c"))
             timings.append(time.perf_counter() - t)
             logs.append(host.log_text(since=offset))
+            startup_logs.append(host.log_text())
             assert rel_l2(host.latent(hist), eager) < 1e-3
+    # the restarted server warmed torch's compiler stack from what the first one recorded,
+    # and the first compile waited for that (the line is logged before the compile's)
+    manifest = json.loads((cache_root / "prewarm.json").read_text())
+    assert any(f.endswith("comfy/ldm/wan/model.py") for f in manifest["files"]), manifest["files"]
+    assert manifest["modules"] and manifest["isa_dir"].startswith(str(cache_root))
+    assert "warmed torch's compiler stack" not in startup_logs[0]
+    assert "warmed torch's compiler stack" in startup_logs[1], startup_logs[1][-3000:]
+    assert startup_logs[1].index("warmed torch's compiler stack") < startup_logs[1].index(
+        "persistent cache hit")
     entries = [p for p in cache_root.iterdir() if p.is_dir()]
     assert len(entries) == 1 and (entries[0] / "meta.json").is_file()
     assert "persistent cache miss" in logs[0]

@@ -92,6 +92,17 @@ def test_dir_store_publish_then_fetch(tmp_path):
     assert not f.fetch_into("fpX", CPU, tmp_path / "w4") and not (tmp_path / "w4").exists()
 
 
+def test_prewarm_manifest_is_shared_sealed(tmp_path):
+    f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
+    assert f.fetch_manifest() is None  # nothing published yet
+    manifest = {"modules": ["torch._inductor.compile_fx"], "files": ["/x.py"], "cpu": True}
+    assert f.publish_manifest(manifest)
+    assert f.fetch_manifest() == manifest
+    entry = next((tmp_path / "shared").glob("prewarm-*.tcs"))
+    entry.write_bytes(entry.read_bytes().replace(b"compile_fx", b"compile_fy"))
+    assert f.fetch_manifest() is None  # tampered: the SHA-256 no longer matches
+
+
 def test_size_limit(tmp_path):
     f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"), max_bytes=10)
     assert not f.publish_from("fpX", CPU, make_cache_dir(tmp_path / "w1"))

@@ -1,0 +1,223 @@
+"""Warm start, part two: warm torch's compiler stack in the background after a restart.
+
+Loading cached graphs is quick; what a restarted process pays on its first compiled run is
+mostly torch's one-time work: importing the compiler modules, dynamo indexing the source of
+every file it traces (it tokenizes whole files such as ``torch/nn/functional.py`` to name
+functions in its logs), torch's hash of its own sources, and the CPU ISA probe (small C++
+builds loaded in child processes). None of it depends on the model, so it can run while the
+server idles.
+
+What to warm is learned, not guessed: after a compile, the modules it imported and the files
+dynamo indexed (and, on CPU, the cache dir where torch's ISA probe builds are) are recorded in
+``prewarm.json`` at the persistent cache root. When the server
+starts, and only if that manifest exists (this server has compiled before), one daemon thread
+replays it; a new fleet worker fetches the manifest another worker published. The first
+compile waits for that thread, so the two never race. Only modules of
+the compiler's own packages are imported, and source files are only read, never run.
+``TORCH_COMPILE_SPEED_PREWARM=0`` turns it off.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import log
+
+ENV = "TORCH_COMPILE_SPEED_PREWARM"
+MANIFEST = "prewarm.json"
+# a manifest may name modules of these packages only (it is a file on disk, so it is not trusted)
+MODULE_PREFIXES = ("torch.", "sympy", "mpmath", "triton", "functorch")
+MAX_MODULES = 4000
+MAX_FILES = 400
+
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+last_report: dict = {}
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def allowed_module(name: str) -> bool:
+    return isinstance(name, str) and name.startswith(MODULE_PREFIXES) and all(
+        part.isidentifier() for part in name.split("."))
+
+
+def traced_files() -> list[str]:
+    """Source files dynamo has indexed in this process (its function-name cache)."""
+    try:
+        from torch._dynamo import funcname_cache
+    except ImportError:
+        return []
+    return [f for f in list(funcname_cache.cache) if isinstance(f, str) and f.endswith(".py")]
+
+
+def read_manifest(root: Path) -> dict:
+    try:
+        data = json.loads((Path(root) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return clean(data)
+
+
+def clean(data) -> dict:
+    """A manifest as read from disk or a shared store, reduced to what may be replayed."""
+    if not isinstance(data, dict):
+        return {}
+    return {"modules": [m for m in data.get("modules", []) if allowed_module(m)][:MAX_MODULES],
+            "files": [f for f in data.get("files", []) if isinstance(f, str)][:MAX_FILES],
+            "isa_dir": data["isa_dir"] if isinstance(data.get("isa_dir"), str) else None}
+
+
+def _merged(old: list[str], new: list[str], cap: int) -> list[str]:
+    return list(dict.fromkeys([*old, *new]))[:cap]
+
+
+def record(root: Path, modules: list[str], files: list[str], isa_dir: str | None = None) -> dict | None:
+    """Add what one compile imported and indexed to the manifest (order kept: import order);
+    ``isa_dir``: the inductor cache dir of a compile that built C++ kernels (see
+    ``warm_cpu_isa``). Returns the new manifest when it changed, else None."""
+    root = Path(root)
+    old = read_manifest(root)
+    data = {"modules": _merged(old.get("modules", []), [m for m in modules if allowed_module(m)],
+                               MAX_MODULES),
+            "files": _merged(old.get("files", []), files, MAX_FILES),
+            "isa_dir": isa_dir or old.get("isa_dir")}
+    if data == old:
+        return None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f"{MANIFEST}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(data, indent=0))
+        os.replace(tmp, root / MANIFEST)
+    except OSError as exc:
+        log.warn_once("prewarm-record", "could not save the prewarm manifest in %s: %s", root, exc)
+    return data
+
+
+class ImportRecorder:
+    """Which modules a block of work imported: ``new()`` after it, in import order."""
+
+    def __init__(self):
+        self.before = set(sys.modules)
+
+    def new(self) -> list[str]:
+        return [m for m in list(sys.modules) if m not in self.before and installed_module(m)]
+
+
+def installed_module(name: str) -> bool:
+    """A module that lives in its package's directory (not a compiled graph that torch loads
+    from its cache dir under a module name of its own)."""
+    if not allowed_module(name):
+        return False
+    mod, top = sys.modules.get(name), sys.modules.get(name.split(".")[0])
+    path, top_path = getattr(mod, "__file__", None), getattr(top, "__file__", None)
+    if not path or not top_path:
+        return False
+    return os.path.abspath(path).startswith(os.path.dirname(os.path.abspath(top_path)) + os.sep)
+
+
+def warm_cpu_isa(inductor_dir: str | None) -> bool:
+    """Run torch's CPU ISA probe (it caches the result for the process) in the inductor cache
+    dir of the last compile, where its small C++ builds already are: then it only loads them
+    (in child processes, about a second). In a dir without them it would build them first,
+    so nothing is done unless that dir still exists."""
+    if not inductor_dir or not os.path.isdir(inductor_dir):
+        return False
+    try:
+        from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+        from . import scoped
+        if not valid_vec_isa_list.cache_info().currsize:
+            with scoped.scoped_state(env={"TORCHINDUCTOR_CACHE_DIR": inductor_dir}):
+                valid_vec_isa_list()
+        return True
+    except Exception:  # noqa: BLE001 - only an optimisation
+        return False
+
+
+def warm(manifest: dict) -> dict:
+    """Replay a manifest in this thread; returns what was done (never raises)."""
+    start = time.perf_counter()
+    imported = indexed = 0
+    isa_result: list[bool] = []
+    isa = None
+    if manifest.get("isa_dir"):
+        try:  # the probe mostly waits on child processes: run it beside the imports, after
+            # importing what it needs itself (two threads never import the same module)
+            import torch._inductor.codecache  # noqa: F401
+            import torch._inductor.cpp_builder  # noqa: F401
+            import torch._inductor.cpu_vec_isa  # noqa: F401
+            isa = threading.Thread(target=lambda: isa_result.append(warm_cpu_isa(manifest["isa_dir"])),
+                                   name="torch-compile-speed-isa-probe", daemon=True)
+            isa.start()
+        except Exception:  # noqa: BLE001 - only an optimisation
+            isa = None
+    for name in manifest.get("modules", []):
+        if name in sys.modules:
+            continue
+        try:
+            __import__(name)
+            imported += 1
+        except BaseException:  # noqa: BLE001 - a module of another torch build: skip it
+            pass
+    try:
+        from torch._dynamo import funcname_cache
+        for path in manifest.get("files", []):
+            if path not in funcname_cache.cache and os.path.isfile(path):
+                funcname_cache.get_funcname(path, 0)  # tokenizes the file, runs nothing
+                indexed += 1
+        from torch._inductor.codecache import torch_key
+        torch_key()
+    except Exception as exc:  # noqa: BLE001 - only an optimisation
+        log.info("compiler prewarm stopped early: %s", exc)
+    if isa is not None:
+        isa.join()
+    return {"imported": imported, "indexed": indexed, "cpu_isa": bool(isa_result and isa_result[0]),
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+def start(root: Path | None, shared: Callable[[], dict | None] | None = None) -> bool:
+    """Start the background warm-up if enabled and this server has compiled before, or (a new
+    fleet worker) ``shared`` returns the manifest another worker published."""
+    global _thread
+    if root is None or not enabled():
+        return False
+    root = Path(root)
+    local = read_manifest(root)
+    if local.get("isa_dir") and not Path(local["isa_dir"]).resolve().is_relative_to(root.resolve()):
+        local["isa_dir"] = None  # only ever a dir of this cache
+    if not local and shared is None:
+        return False
+
+    def run():
+        manifest = local
+        if not manifest:
+            manifest = clean(shared())  # store I/O (bounded timeout) stays off the start-up path
+            if not manifest:
+                return
+            manifest["isa_dir"] = None  # another worker's path
+            record(root, manifest["modules"], manifest["files"])
+        last_report.update(warm(manifest))
+        log.info("warmed torch's compiler stack in the background in %.1f s (%d modules, "
+                 "%d source files%s)", last_report["seconds"], last_report["imported"],
+                 last_report["indexed"], "" if local else ", manifest from the shared cache")
+
+    with _lock:
+        if _thread is not None:
+            return False
+        _thread = threading.Thread(target=run, name="torch-compile-speed-prewarm", daemon=True)
+        _thread.start()
+    return True
+
+
+def wait(timeout: float | None = None) -> None:
+    """Block until a running warm-up is done (a compile must not race its imports)."""
+    t = _thread
+    if t is not None and t.is_alive() and t is not threading.current_thread():
+        t.join(timeout)

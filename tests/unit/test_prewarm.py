@@ -1,0 +1,151 @@
+"""compile_core.prewarm: what a compile imported and indexed is recorded, filtered and replayed.
+
+Replaying changes ``sys.modules`` for good, so the replay tests run in a child process.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import torch
+
+from compile_core import engine, prewarm
+from compile_core.persist import PersistentCache
+from compile_core.settings import CompileSettings, build_compile_args
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _child(code: str, env_extra: dict | None = None) -> dict:
+    import os
+    env = {**os.environ, **(env_extra or {})}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_record_keeps_only_compiler_modules_in_import_order_and_merges(tmp_path):
+    prewarm.record(tmp_path, ["torch._inductor.compile_fx", "os", "comfy.ops", "sympy.core",
+                              "torch.x;import os", "triton.language"], ["/a.py"],
+                   "/c/fp/inductor")
+    prewarm.record(tmp_path, ["sympy.core", "mpmath.libmp"], ["/a.py", "/b.py"])
+    m = prewarm.read_manifest(tmp_path)
+    assert m["modules"] == ["torch._inductor.compile_fx", "sympy.core", "triton.language",
+                            "mpmath.libmp"]
+    assert m["files"] == ["/a.py", "/b.py"]
+    assert m["isa_dir"] == "/c/fp/inductor"  # kept until a later CPU compile records its own
+
+
+def test_a_tampered_manifest_names_no_other_module(tmp_path):
+    (tmp_path / prewarm.MANIFEST).write_text(json.dumps(
+        {"modules": ["antigravity", "torch.nn", "../../x", 3], "files": [1, "/ok.py"]}))
+    m = prewarm.read_manifest(tmp_path)
+    assert m == {"modules": ["torch.nn"], "files": ["/ok.py"], "isa_dir": None}
+    (tmp_path / prewarm.MANIFEST).write_text("not json")
+    assert prewarm.read_manifest(tmp_path) == {}
+
+
+def test_generated_graph_modules_are_not_recorded(tmp_path):
+    rec = prewarm.ImportRecorder()
+    fake = types.ModuleType("torch._tcs_fake_generated_abc123")  # like a compiled graph's module
+    fake.__file__ = str(tmp_path / "abc123.py")
+    sys.modules[fake.__name__] = fake
+    try:
+        assert fake.__name__ not in rec.new()
+        assert not prewarm.installed_module(fake.__name__)
+        assert prewarm.installed_module("torch.nn.functional")
+    finally:
+        del sys.modules[fake.__name__]
+
+
+def test_first_compile_records_the_traced_source_files(tmp_path, wan, wan_inputs):
+    cache = PersistentCache(tmp_path / "cache")
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default"))
+    compiled = engine.prepare(model, settings, persistent=cache)
+    with torch.no_grad():
+        compiled.run(model, lambda: model(x, t), torch.device("cpu"))
+    assert compiled.entry.graphs >= 1
+    m = prewarm.read_manifest(cache.root)
+    assert any(f.endswith("tcs_toy_models.py") for f in m["files"]), m
+
+
+def test_replay_imports_and_indexes_and_skips_what_is_gone(tmp_path):
+    functional = str(Path(torch.__file__).parent / "nn" / "functional.py")
+    (tmp_path / prewarm.MANIFEST).write_text(json.dumps({
+        "modules": ["torch._inductor.compile_fx", "torch._no_such_module", "antigravity"],
+        "files": [functional, str(tmp_path / "gone.py")]}))
+    got = _child(f"""
+        import json, sys
+        from compile_core import prewarm
+        from torch._dynamo import funcname_cache
+        before = "torch._inductor.compile_fx" in sys.modules
+        report = prewarm.warm(prewarm.read_manifest({str(tmp_path)!r}))
+        print(json.dumps({{"before": before, "after": "torch._inductor.compile_fx" in sys.modules,
+                          "antigravity": "antigravity" in sys.modules, "report": report,
+                          "indexed": sorted(funcname_cache.cache)}}))
+    """)
+    assert not got["before"] and got["after"]
+    assert not got["antigravity"]
+    assert got["report"]["imported"] == 1 and got["report"]["indexed"] == 1
+    assert got["indexed"] == [functional]
+
+
+def test_background_start_only_with_a_manifest_and_not_when_disabled(tmp_path):
+    (tmp_path / "with").mkdir()
+    (tmp_path / "with" / prewarm.MANIFEST).write_text(json.dumps(
+        {"modules": ["torch._inductor.compile_fx"], "files": []}))
+    code = f"""
+        import json, sys
+        from compile_core import prewarm
+        started = [prewarm.start(None), prewarm.start({str(tmp_path)!r}),
+                   prewarm.start({str(tmp_path / "with")!r}), prewarm.start({str(tmp_path / "with")!r})]
+        prewarm.wait()
+        print(json.dumps({{"started": started, "imported": "torch._inductor.compile_fx" in sys.modules}}))
+    """
+    got = _child(code)
+    assert got["started"] == [False, False, True, False]  # one thread per process
+    assert got["imported"]
+    off = _child(code, {prewarm.ENV: "0"})
+    assert off["started"] == [False, False, False, False] and not off["imported"]
+
+
+def test_a_new_fleet_worker_warms_from_the_shared_manifest_and_keeps_it(tmp_path):
+    got = _child(f"""
+        import json, sys
+        from compile_core import prewarm
+        shared = lambda: {{"modules": ["torch._inductor.compile_fx", "antigravity"], "files": []}}
+        started = prewarm.start({str(tmp_path)!r}, shared)
+        prewarm.wait()
+        print(json.dumps({{"started": started, "imported": "torch._inductor.compile_fx" in sys.modules,
+                          "antigravity": "antigravity" in sys.modules,
+                          "kept": prewarm.read_manifest({str(tmp_path)!r})}}))
+    """)
+    assert got["started"] and got["imported"] and not got["antigravity"]
+    assert got["kept"]["modules"] == ["torch._inductor.compile_fx"]  # the next restart needs no store
+
+
+def test_cpu_isa_probe_runs_in_the_recorded_dir_only_when_it_exists(tmp_path):
+    root = tmp_path / "cache"
+    isa_dir = root / "fp1" / "inductor"
+    code = """
+        import json, os
+        from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+        from compile_core import prewarm
+        before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        used = prewarm.warm_cpu_isa(%r)
+        print(json.dumps({"used": used, "cached": valid_vec_isa_list.cache_info().currsize,
+                          "env_restored": os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before}))
+    """
+    assert _child(code % str(isa_dir)) == {"used": False, "cached": 0, "env_restored": True}
+    isa_dir.mkdir(parents=True)
+    got = _child(code % str(isa_dir), {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "default")})
+    assert got == {"used": True, "cached": 1, "env_restored": True}
+    assert any(isa_dir.rglob("*.so")), "the probe builds went to the recorded dir"
+    assert not (tmp_path / "default").exists() or not any((tmp_path / "default").rglob("*.so"))
