@@ -173,7 +173,8 @@ class CompiledModel:
             if recorder is not None:  # what a restarted server can warm before its first compile
                 changed = prewarm.record(self.persistent.root, recorder.new(),
                                          prewarm.traced_files(),
-                                         env["TORCHINDUCTOR_CACHE_DIR"] if device.type == "cpu" else None)
+                                         env["TORCHINDUCTOR_CACHE_DIR"] if device.type == "cpu" else None,
+                                         self.fingerprint)
                 if changed and self.fleet:
                     self.fleet.publish_manifest(changed)
         return out

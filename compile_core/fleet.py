@@ -295,7 +295,22 @@ class Fleet:
         return data if isinstance(data, dict) else None
 
 
+    def prefetch(self, fingerprints: list[str], device: torch.device, local) -> list[Path]:
+        """A new worker, at start-up: fetch the entries other workers compiled most recently
+        into the local persistent cache (``local``), so its first compile finds them there.
+        Returns the inductor dirs filled."""
+        filled = []
+        for fp in fingerprints[:PREFETCH_MAX]:
+            if local.is_complete(fp):
+                continue
+            if self.fetch_into(fp, device, local.inductor_dir(fp)):
+                local.mark_complete(fp, {"regions": "fetched from the shared cache at start-up"})
+                filled.append(local.inductor_dir(fp))
+        return filled
+
+
 MANIFEST_MAX_BYTES = 1 << 20
+PREFETCH_MAX = 4
 
 
 def _manifest_key() -> tuple[str, dict]:

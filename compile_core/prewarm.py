@@ -11,8 +11,9 @@ What to warm is learned, not guessed: after a compile, the modules it imported a
 dynamo indexed (and, on CPU, the cache dir where torch's ISA probe builds are) are recorded in
 ``prewarm.json`` at the persistent cache root. When the server
 starts, and only if that manifest exists (this server has compiled before), one daemon thread
-replays it; a new fleet worker fetches the manifest another worker published. The first
-compile waits for that thread, so the two never race. Only modules of
+replays it; a new fleet worker fetches the manifest another worker published (and the
+entries it names). A compile that starts meanwhile waits for the thread, so the two never
+race. Only modules of
 the compiler's own packages are imported, and source files are only read, never run.
 ``TORCH_COMPILE_SPEED_PREWARM=0`` turns it off.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -34,6 +36,7 @@ MANIFEST = "prewarm.json"
 MODULE_PREFIXES = ("torch.", "sympy", "mpmath", "triton", "functorch")
 MAX_MODULES = 4000
 MAX_FILES = 400
+MAX_FINGERPRINTS = 8
 
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
@@ -72,23 +75,29 @@ def clean(data) -> dict:
         return {}
     return {"modules": [m for m in data.get("modules", []) if allowed_module(m)][:MAX_MODULES],
             "files": [f for f in data.get("files", []) if isinstance(f, str)][:MAX_FILES],
-            "isa_dir": data["isa_dir"] if isinstance(data.get("isa_dir"), str) else None}
+            "isa_dir": data["isa_dir"] if isinstance(data.get("isa_dir"), str) else None,
+            "fingerprints": [f for f in data.get("fingerprints", []) if isinstance(f, str)
+                             and re.fullmatch(r"[0-9a-f]{8,64}", f)][:MAX_FINGERPRINTS]}
 
 
 def _merged(old: list[str], new: list[str], cap: int) -> list[str]:
     return list(dict.fromkeys([*old, *new]))[:cap]
 
 
-def record(root: Path, modules: list[str], files: list[str], isa_dir: str | None = None) -> dict | None:
+def record(root: Path, modules: list[str], files: list[str], isa_dir: str | None = None,
+           fingerprint: str | None = None) -> dict | None:
     """Add what one compile imported and indexed to the manifest (order kept: import order);
     ``isa_dir``: the inductor cache dir of a compile that built C++ kernels (see
-    ``warm_cpu_isa``). Returns the new manifest when it changed, else None."""
+    ``warm_cpu_isa``); ``fingerprint``: the compiled entry, most recent first (a new fleet
+    worker prefetches those). Returns the new manifest when it changed, else None."""
     root = Path(root)
     old = read_manifest(root)
     data = {"modules": _merged(old.get("modules", []), [m for m in modules if allowed_module(m)],
                                MAX_MODULES),
             "files": _merged(old.get("files", []), files, MAX_FILES),
-            "isa_dir": isa_dir or old.get("isa_dir")}
+            "isa_dir": isa_dir or old.get("isa_dir"),
+            "fingerprints": _merged([fingerprint] if fingerprint else [], old.get("fingerprints", []),
+                                    MAX_FINGERPRINTS)}
     if data == old:
         return None
     try:
@@ -158,14 +167,6 @@ def warm(manifest: dict) -> dict:
             isa.start()
         except Exception:  # noqa: BLE001 - only an optimisation
             isa = None
-    for name in manifest.get("modules", []):
-        if name in sys.modules:
-            continue
-        try:
-            __import__(name)
-            imported += 1
-        except BaseException:  # noqa: BLE001 - a module of another torch build: skip it
-            pass
     try:
         from torch._dynamo import funcname_cache
         for path in manifest.get("files", []):
@@ -176,6 +177,14 @@ def warm(manifest: dict) -> dict:
         torch_key()
     except Exception as exc:  # noqa: BLE001 - only an optimisation
         log.info("compiler prewarm stopped early: %s", exc)
+    for name in manifest.get("modules", []):
+        if name in sys.modules:
+            continue
+        try:
+            __import__(name)
+            imported += 1
+        except BaseException:  # noqa: BLE001 - a module of another torch build: skip it
+            pass
     if isa is not None:
         isa.join()
     return {"imported": imported, "indexed": indexed, "cpu_isa": bool(isa_result and isa_result[0]),
@@ -184,14 +193,13 @@ def warm(manifest: dict) -> dict:
 
 def start(root: Path | None, shared: Callable[[], dict | None] | None = None) -> bool:
     """Start the background warm-up if enabled and this server has compiled before, or (a new
-    fleet worker) ``shared`` returns the manifest another worker published."""
+    fleet worker) ``shared`` returns the manifest another worker published (``shared`` may
+    also prefetch that worker's entries into this cache and name one as ``isa_dir``)."""
     global _thread
     if root is None or not enabled():
         return False
     root = Path(root)
     local = read_manifest(root)
-    if local.get("isa_dir") and not Path(local["isa_dir"]).resolve().is_relative_to(root.resolve()):
-        local["isa_dir"] = None  # only ever a dir of this cache
     if not local and shared is None:
         return False
 
@@ -201,8 +209,10 @@ def start(root: Path | None, shared: Callable[[], dict | None] | None = None) ->
             manifest = clean(shared())  # store I/O (bounded timeout) stays off the start-up path
             if not manifest:
                 return
-            manifest["isa_dir"] = None  # another worker's path
-            record(root, manifest["modules"], manifest["files"])
+            record(root, manifest["modules"], manifest["files"], manifest["isa_dir"])
+        if manifest.get("isa_dir") and not Path(manifest["isa_dir"]).resolve().is_relative_to(
+                root.resolve()):
+            manifest["isa_dir"] = None  # only ever a dir of this cache
         last_report.update(warm(manifest))
         log.info("warmed torch's compiler stack in the background in %.1f s (%d modules, "
                  "%d source files%s)", last_report["seconds"], last_report["imported"],
@@ -216,8 +226,10 @@ def start(root: Path | None, shared: Callable[[], dict | None] | None = None) ->
     return True
 
 
-def wait(timeout: float | None = None) -> None:
-    """Block until a running warm-up is done (a compile must not race its imports)."""
+def wait() -> None:
+    """Called before a compile: wait for a running warm-up, so that its imports and its ISA
+    probe never race the compile. (Stopping it early does not pay: the ISA probe, which
+    must finish anyway, takes about as long as the imports beside it.)"""
     t = _thread
     if t is not None and t.is_alive() and t is not threading.current_thread():
-        t.join(timeout)
+        t.join()

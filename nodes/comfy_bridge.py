@@ -6,6 +6,7 @@ model, the other graph branches and the state_dict keys stay untouched.
 """
 from __future__ import annotations
 
+import comfy.model_management
 import comfy.patcher_extension as patcher_extension
 import folder_paths
 
@@ -89,7 +90,6 @@ def diagnosis_calls(model_patcher, compiled, latent_samples):
     import types
     import uuid
 
-    import comfy.model_management
 
     from ..compile_core import regions
 
@@ -132,7 +132,6 @@ def compile_ahead(model_patcher, compiled) -> None:
     latent(s), ``warmup_runs`` times, with ComfyUI's progress bar."""
     import time
 
-    import comfy.model_management
     import comfy.utils
     import torch
 
@@ -193,7 +192,16 @@ def prewarm_when_server_starts() -> bool:
         from ..compile_core.fleet import Fleet
         from ..compile_core.persist import PersistentCache
         cache, fleet = PersistentCache.default(user_directory()), Fleet.from_env()
-        prewarm.start(cache.root if cache else None, fleet.fetch_manifest if fleet else None)
+
+        def from_fleet():  # a new worker: the fleet's manifest, and its latest entries
+            manifest = fleet.fetch_manifest()
+            if manifest:
+                device = comfy.model_management.get_torch_device()
+                filled = fleet.prefetch(prewarm.clean(manifest)["fingerprints"], device, cache)
+                manifest["isa_dir"] = str(filled[0]) if filled and device.type == "cpu" else None
+            return manifest
+
+        prewarm.start(cache.root if cache else None, from_fleet if fleet and cache else None)
 
     app.on_startup.append(torch_compile_speed_prewarm)
     return True

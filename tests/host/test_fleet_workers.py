@@ -41,7 +41,9 @@ def test_second_worker_warm_starts_from_redis(tmp_path, tiny_wan_path):
         assert len(keys) == 2 and keys[1].startswith("tcs:compile:prewarm-"), keys  # entry + manifest
         assert "warmed torch's compiler stack" not in worker_run.full_log
         t2, log2 = worker_run(tmp_path, "worker2", tiny_wan_path, redis.url)
-        assert "shared cache hit" in log2 and "persistent cache hit" in log2, log2
+        # worker 2 fetched worker 1's entry at start-up (named in the shared manifest), so its
+        # first compile found it in its own persistent cache
+        assert "shared cache hit" in worker_run.full_log and "persistent cache hit" in log2, log2
         assert "published" not in log2  # nothing new was built
         # worker 2 had no manifest of its own: it warmed torch from the one worker 1 shared
         assert "manifest from the shared cache" in worker_run.full_log, worker_run.full_log[-3000:]
@@ -57,7 +59,7 @@ def test_second_worker_warm_starts_from_shared_directory(tmp_path, tiny_wan_path
     t1, log1 = worker_run(tmp_path, "worker1", tiny_wan_path, str(shared))
     assert "published" in log1 and len(list(shared.glob("*.tcs"))) == 2  # entry + prewarm manifest
     t2, log2 = worker_run(tmp_path, "worker2", tiny_wan_path, str(shared))
-    assert "shared cache hit" in log2 and "persistent cache hit" in log2, log2
+    assert "shared cache hit" in worker_run.full_log and "persistent cache hit" in log2, log2
     print(f"\nworker1 cold {t1:.1f}s, worker2 from directory {t2:.1f}s ({t2 / t1:.2f}x)")
 
 

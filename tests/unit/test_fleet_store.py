@@ -103,6 +103,17 @@ def test_prewarm_manifest_is_shared_sealed(tmp_path):
     assert f.fetch_manifest() is None  # tampered: the SHA-256 no longer matches
 
 
+def test_prefetch_fills_the_local_cache_once(tmp_path):
+    from compile_core.persist import PersistentCache
+    f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
+    fp = "ab" * 12
+    assert f.publish_from(fp, CPU, make_cache_dir(tmp_path / "w1"))
+    local = PersistentCache(tmp_path / "w2")
+    assert f.prefetch([fp, "cd" * 12], CPU, local) == [local.inductor_dir(fp)]  # cd..: a miss
+    assert (local.inductor_dir(fp) / "kernel.so").exists() and local.is_complete(fp)
+    assert f.prefetch([fp], CPU, local) == []  # already complete: not fetched again
+
+
 def test_size_limit(tmp_path):
     f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"), max_bytes=10)
     assert not f.publish_from("fpX", CPU, make_cache_dir(tmp_path / "w1"))

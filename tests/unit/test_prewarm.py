@@ -43,9 +43,11 @@ def test_record_keeps_only_compiler_modules_in_import_order_and_merges(tmp_path)
 
 def test_a_tampered_manifest_names_no_other_module(tmp_path):
     (tmp_path / prewarm.MANIFEST).write_text(json.dumps(
-        {"modules": ["antigravity", "torch.nn", "../../x", 3], "files": [1, "/ok.py"]}))
+        {"modules": ["antigravity", "torch.nn", "../../x", 3], "files": [1, "/ok.py"],
+         "fingerprints": ["../../etc", "ab" * 12, "AB" * 12, 7]}))
     m = prewarm.read_manifest(tmp_path)
-    assert m == {"modules": ["torch.nn"], "files": ["/ok.py"], "isa_dir": None}
+    assert m == {"modules": ["torch.nn"], "files": ["/ok.py"], "isa_dir": None,
+                 "fingerprints": ["ab" * 12]}  # fingerprints become directory names
     (tmp_path / prewarm.MANIFEST).write_text("not json")
     assert prewarm.read_manifest(tmp_path) == {}
 
@@ -74,6 +76,7 @@ def test_first_compile_records_the_traced_source_files(tmp_path, wan, wan_inputs
     assert compiled.entry.graphs >= 1
     m = prewarm.read_manifest(cache.root)
     assert any(f.endswith("tcs_toy_models.py") for f in m["files"]), m
+    assert m["fingerprints"] == [compiled.fingerprint]  # what a new fleet worker prefetches
 
 
 def test_replay_imports_and_indexes_and_skips_what_is_gone(tmp_path):
