@@ -129,8 +129,8 @@ class CompiledModel:
         on_cuda = device.type == "cuda"
         ptx = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
         env = {**(self.persistent.env(self.fingerprint) if self.persistent else {}), **ptx}
-        recorder = None
-        if self.entry.graphs == 0:
+        recorder, first_compile = None, self.entry.graphs == 0
+        if first_compile:
             prewarm.wait()  # a background warm-up's imports must not race this compile's
             if self.persistent:
                 recorder = prewarm.ImportRecorder()
@@ -143,6 +143,8 @@ class CompiledModel:
                     attached(self.plan.modules(diffusion_model), self.entry.compiled,
                              self.plan.family, self.settings.shape_policy,
                              not self.plan.regional):
+                if first_compile and device.type == "cpu" and self.settings.backend == "inductor":
+                    prewarm.probe_cpu_isa()  # side by side, not one ISA after another
                 if ptx and not self._warmed and self.settings.warmup_runs:
                     secs = warmup.warm(call, self.settings.warmup_runs, device)
                     log.info("warmed Triton kernels %d time(s) on %s in %.1f s",

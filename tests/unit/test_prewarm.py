@@ -152,3 +152,30 @@ def test_cpu_isa_probe_runs_in_the_recorded_dir_only_when_it_exists(tmp_path):
     assert got == {"used": True, "cached": 1, "env_restored": True}
     assert any(isa_dir.rglob("*.so")), "the probe builds went to the recorded dir"
     assert not (tmp_path / "default").exists() or not any((tmp_path / "default").rglob("*.so"))
+
+
+def test_parallel_isa_probe_gives_torchs_own_answer(tmp_path):
+    """Same ISA list and build flags as torch's sequential probe (each in a fresh process and
+    an empty inductor cache dir, so both really build and load their probes)."""
+    code = """
+        import json, sys
+        from torch._inductor import cpu_vec_isa
+        from compile_core import prewarm
+        settled = prewarm.probe_cpu_isa() if sys.argv[-1] == "parallel" else None
+        isas = cpu_vec_isa.valid_vec_isa_list()
+        print(json.dumps({"settled": settled, "isa": [str(i) for i in isas],
+                          "flags": [i.build_arch_flags() for i in isas],
+                          "picked": str(cpu_vec_isa.pick_vec_isa())}))
+    """
+    import os
+    got = {}
+    for mode in ("sequential", "parallel"):
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(code), mode], cwd=REPO,
+                             env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / mode)},
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        got[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    if got["parallel"]["settled"] is False:
+        assert sys.platform != "linux" or os.uname().machine != "x86_64"
+    assert {k: v for k, v in got["parallel"].items() if k != "settled"} == \
+           {k: v for k, v in got["sequential"].items() if k != "settled"}
