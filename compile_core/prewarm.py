@@ -12,8 +12,8 @@ dynamo indexed (and, on CPU, the cache dir where torch's ISA probe builds are) a
 ``prewarm.json`` at the persistent cache root. When the server
 starts, and only if that manifest exists (this server has compiled before), one daemon thread
 replays it; a new fleet worker fetches the manifest another worker published (and the
-entries it names). A compile that starts meanwhile waits for the thread, so the two never
-race. Only modules of
+entries it names). A compile that starts meanwhile stops the thread at its next module and
+waits for it, so the two never race. Only modules of
 the compiler's own packages are imported, and source files are only read, never run.
 ``TORCH_COMPILE_SPEED_PREWARM=0`` turns it off.
 """
@@ -39,6 +39,7 @@ MAX_FILES = 400
 MAX_FINGERPRINTS = 8
 
 _thread: threading.Thread | None = None
+_stop = threading.Event()
 _lock = threading.Lock()
 last_report: dict = {}
 
@@ -197,6 +198,8 @@ def warm(manifest: dict) -> dict:
     try:
         from torch._dynamo import funcname_cache
         for path in manifest.get("files", []):
+            if _stop.is_set():
+                break
             if path not in funcname_cache.cache and os.path.isfile(path):
                 funcname_cache.get_funcname(path, 0)  # tokenizes the file, runs nothing
                 indexed += 1
@@ -204,7 +207,10 @@ def warm(manifest: dict) -> dict:
         torch_key()
     except Exception as exc:  # noqa: BLE001 - only an optimisation
         log.info("compiler prewarm stopped early: %s", exc)
-    for name in manifest.get("modules", []):
+    for name in manifest.get("modules", []):  # in import order: what a cache hit needs comes
+        # first, what only lowering a new graph needs comes later, so stopping early is cheap
+        if _stop.is_set():
+            break
         if name in sys.modules:
             continue
         try:
@@ -253,10 +259,12 @@ def start(root: Path | None, shared: Callable[[], dict | None] | None = None) ->
     return True
 
 
-def wait() -> None:
-    """Called before a compile: wait for a running warm-up, so that its imports and its ISA
-    probe never race the compile. (Stopping it early does not pay: the ISA probe, which
-    must finish anyway, takes about as long as the imports beside it.)"""
+def wait(finish: bool = False) -> None:
+    """Called before a compile: stop a running warm-up at its next module (unless ``finish``)
+    and wait for it, so that its imports and its ISA probe never race the compile. What is
+    left is mostly what only a cache miss needs; the compile imports that itself."""
     t = _thread
     if t is not None and t.is_alive() and t is not threading.current_thread():
+        if not finish:
+            _stop.set()
         t.join()

@@ -109,7 +109,7 @@ def test_background_start_only_with_a_manifest_and_not_when_disabled(tmp_path):
         from compile_core import prewarm
         started = [prewarm.start(None), prewarm.start({str(tmp_path)!r}),
                    prewarm.start({str(tmp_path / "with")!r}), prewarm.start({str(tmp_path / "with")!r})]
-        prewarm.wait()
+        prewarm.wait(finish=True)
         print(json.dumps({{"started": started, "imported": "torch._inductor.compile_fx" in sys.modules}}))
     """
     got = _child(code)
@@ -125,7 +125,7 @@ def test_a_new_fleet_worker_warms_from_the_shared_manifest_and_keeps_it(tmp_path
         from compile_core import prewarm
         shared = lambda: {{"modules": ["torch._inductor.compile_fx", "antigravity"], "files": []}}
         started = prewarm.start({str(tmp_path)!r}, shared)
-        prewarm.wait()
+        prewarm.wait(finish=True)
         print(json.dumps({{"started": started, "imported": "torch._inductor.compile_fx" in sys.modules,
                           "antigravity": "antigravity" in sys.modules,
                           "kept": prewarm.read_manifest({str(tmp_path)!r})}}))
@@ -179,3 +179,16 @@ def test_parallel_isa_probe_gives_torchs_own_answer(tmp_path):
         assert sys.platform != "linux" or os.uname().machine != "x86_64"
     assert {k: v for k, v in got["parallel"].items() if k != "settled"} == \
            {k: v for k, v in got["sequential"].items() if k != "settled"}
+
+
+def test_a_compile_that_starts_stops_the_warm_up_early(tmp_path):
+    functional = str(Path(torch.__file__).parent / "nn" / "functional.py")
+    got = _child(f"""
+        import json, sys
+        from compile_core import prewarm
+        prewarm._stop.set()  # what wait() does when a compile starts
+        report = prewarm.warm({{"modules": ["torch._inductor.compile_fx"], "files": [{functional!r}]}})
+        print(json.dumps({{"report": report, "imported": "torch._inductor.compile_fx" in sys.modules}}))
+    """)
+    assert got["report"]["imported"] == 0 and got["report"]["indexed"] == 0
+    assert not got["imported"]
