@@ -167,11 +167,16 @@ def warm_cpu_isa(inductor_dir: str | None) -> bool:
     """Run torch's CPU ISA probe (it caches the result for the process) in the inductor cache
     dir of the last compile, where its small C++ builds already are: then it only loads them
     (in child processes, about a second). In a dir without them it would build them first,
-    so nothing is done unless that dir still exists."""
+    so nothing is done unless that dir still exists and its ``.so`` files look whole."""
     if not inductor_dir or not os.path.isdir(inductor_dir):
         return False
     try:
         from . import scoped
+        from .persist import shared_object_problem
+        if any(shared_object_problem(so) for so in Path(inductor_dir).rglob("*.so")):
+            # a damaged probe .so would answer "no AVX" for the whole process (silently slow
+            # kernels); the compile discards that entry first and probes in a fresh dir
+            return False
         with scoped.scoped_state(env={"TORCHINDUCTOR_CACHE_DIR": inductor_dir}):
             return probe_cpu_isa()
     except Exception:  # noqa: BLE001 - only an optimisation

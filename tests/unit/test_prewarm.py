@@ -151,6 +151,9 @@ def test_cpu_isa_probe_runs_in_the_recorded_dir_only_when_it_exists(tmp_path):
     got = _child(code % str(isa_dir), {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "default")})
     assert got == {"used": True, "cached": 1, "env_restored": True}
     assert any(isa_dir.rglob("*.so")), "the probe builds went to the recorded dir"
+    # a damaged probe .so there (a crash while saving, a full disk) is never probed against
+    next(isa_dir.rglob("*.so")).write_bytes(b"\x7fELF garbage")
+    assert _child(code % str(isa_dir)) == {"used": False, "cached": 0, "env_restored": True}
     assert not (tmp_path / "default").exists() or not any((tmp_path / "default").rglob("*.so"))
 
 
