@@ -221,7 +221,9 @@ def _garble(entry):
 
 
 def _kernel_sources(entry):
-    return sorted(p.name for p in (entry / "inductor").rglob("*.cpp"))
+    """The compiled graphs' C++ sources (``<hash>.main.cpp``); not the CPU ISA probe's sources,
+    which land in whichever cache dir the process probed in first (see compile_core.prewarm)."""
+    return sorted(p.name for p in (entry / "inductor").rglob("*.main.cpp"))
 
 
 @pytest.mark.slow
