@@ -173,10 +173,9 @@ class CompiledModel:
             self.entry.frames.extend(_frames_since(run_start_us))
             self._note_cache(cache_before, on_cuda, device)
             if recorder is not None:  # what a restarted server can warm before its first compile
-                changed = prewarm.record(self.persistent.root, recorder.new(),
-                                         prewarm.traced_files(),
-                                         env["TORCHINDUCTOR_CACHE_DIR"] if device.type == "cpu" else None,
-                                         self.fingerprint)
+                isa_dir = self.persistent.inductor_dir(self.fingerprint) if device.type == "cpu" else None
+                changed = prewarm.record(self.persistent.root, recorder.new(), prewarm.traced_files(),
+                                         isa_dir and str(isa_dir), self.fingerprint)
                 if changed and self.fleet:
                     self.fleet.publish_manifest(changed)
         return out

@@ -36,6 +36,8 @@ TTL_ENV = "TORCH_COMPILE_SPEED_SHARED_TTL_S"
 TIMEOUT_ENV = "TORCH_COMPILE_SPEED_SHARED_TIMEOUT_S"
 MAGIC = b"TCSFLEET1\n"
 KEY_PREFIX = "tcs:compile:"
+MANIFEST_MAX_BYTES = 1 << 20  # the shared prewarm manifest (a list of module and file names)
+PREFETCH_MAX = 4  # entries a new worker fetches at start-up
 
 
 class FleetError(RuntimeError):
@@ -231,13 +233,11 @@ class Fleet:
         key = artifact_key(fingerprint, device)
         start = time.perf_counter()
         try:
-            blob = self.store.get(key)
-            if blob is None:
+            payload = self._get_sealed(key, artifact_identity(device), self.max_bytes)
+            if payload is None:
                 log.info("shared cache miss for %s in %s", fingerprint[:12], self.store.describe())
                 return False
-            if len(blob) > self.max_bytes:
-                raise FleetError(f"entry is {len(blob)} bytes, over the {self.max_bytes} limit")
-            files = unpack_into(unseal(blob, key, artifact_identity(device)), dest)
+            files = unpack_into(payload, dest)
         except Exception as exc:  # noqa: BLE001 - a store problem must never break the run
             log.warn_once(f"fleet-fetch:{type(exc).__name__}",
                           "shared cache entry for %s not used (%s: %s); compiling locally",
@@ -247,53 +247,57 @@ class Fleet:
                  self.store.describe(), time.perf_counter() - start)
         return True
 
+    def _get_sealed(self, key: str, ident: dict, max_bytes: int) -> bytes | None:
+        """The checked payload stored under ``key``; None when absent. FleetError when it is
+        over ``max_bytes``, built for another identity, or corrupt."""
+        blob = self.store.get(key)
+        if blob is None:
+            return None
+        if len(blob) > max_bytes:
+            raise FleetError(f"entry is {len(blob)} bytes, over the {max_bytes} limit")
+        return unseal(blob, key, ident)
+
+    def _put_sealed(self, key: str, ident: dict, payload: bytes) -> bool:
+        """Store ``payload`` sealed; False (and one warning per kind of error) on a problem."""
+        try:
+            self.store.put(key, seal(key, ident, payload))
+        except Exception as exc:  # noqa: BLE001 - a store problem must never break the run
+            _publish_failed(exc)
+            return False
+        return True
+
     def publish_from(self, fingerprint: str, device: torch.device, src: Path) -> bool:
-        key = artifact_key(fingerprint, device)
         try:
             payload = pack_dir(src)
-            if len(payload) > self.max_bytes:
-                log.warn_once("fleet-size", "compiled cache is %d MB, over the shared limit %d MB; "
-                              "not published", len(payload) >> 20, self.max_bytes >> 20)
-                return False
-            self.store.put(key, seal(key, artifact_identity(device), payload))
         except Exception as exc:  # noqa: BLE001
-            log.warn_once(f"fleet-publish:{type(exc).__name__}",
-                          "could not publish to the shared cache (%s: %s)", type(exc).__name__, exc)
+            _publish_failed(exc)
+            return False
+        if len(payload) > self.max_bytes:
+            log.warn_once("fleet-size", "compiled cache is %d MB, over the shared limit %d MB; "
+                          "not published", len(payload) >> 20, self.max_bytes >> 20)
+            return False
+        if not self._put_sealed(artifact_key(fingerprint, device), artifact_identity(device), payload):
             return False
         log.info("published %s (%.1f MB) to shared cache %s", fingerprint[:12], len(payload) / 2 ** 20,
                  self.store.describe())
         return True
 
-
     # -- the prewarm manifest (compile_core.prewarm): which compiler modules and source files a
     # worker's compile needed, so a new worker warms them at start-up, before any fingerprint
     def publish_manifest(self, manifest: dict) -> bool:
-        key, ident = _manifest_key()
         shared = {k: v for k, v in manifest.items() if k != "isa_dir"}  # a local path
-        try:
-            self.store.put(key, seal(key, ident, json.dumps(shared).encode()))
-        except Exception as exc:  # noqa: BLE001
-            log.warn_once(f"fleet-publish:{type(exc).__name__}",
-                          "could not publish to the shared cache (%s: %s)", type(exc).__name__, exc)
-            return False
-        return True
+        return self._put_sealed(*_manifest_key(), json.dumps(shared).encode())
 
     def fetch_manifest(self) -> dict | None:
-        key, ident = _manifest_key()
         try:
-            blob = self.store.get(key)
-            if blob is None:
-                return None
-            if len(blob) > MANIFEST_MAX_BYTES:
-                raise FleetError(f"prewarm manifest is {len(blob)} bytes, over {MANIFEST_MAX_BYTES}")
-            data = json.loads(unseal(blob, key, ident))
+            payload = self._get_sealed(*_manifest_key(), MANIFEST_MAX_BYTES)
+            data = None if payload is None else json.loads(payload)
         except Exception as exc:  # noqa: BLE001 - only an optimisation; a store that is down
             # gets its one warning from the first compile's fetch
             log.info_once(f"fleet-manifest:{type(exc).__name__}",
                           "shared prewarm manifest unavailable (%s: %s)", type(exc).__name__, exc)
             return None
         return data if isinstance(data, dict) else None
-
 
     def prefetch(self, fingerprints: list[str], device: torch.device, local) -> list[Path]:
         """A new worker, at start-up: fetch the entries other workers compiled most recently
@@ -309,13 +313,14 @@ class Fleet:
         return filled
 
 
-MANIFEST_MAX_BYTES = 1 << 20
-PREFETCH_MAX = 4
-
-
 def _manifest_key() -> tuple[str, dict]:
     ident = {"torch": torch.__version__, "python": platform.python_version(), "kind": "prewarm"}
     return "prewarm-" + hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24], ident
+
+
+def _publish_failed(exc: Exception) -> None:
+    log.warn_once(f"fleet-publish:{type(exc).__name__}",
+                  "could not publish to the shared cache (%s: %s)", type(exc).__name__, exc)
 
 
 @functools.lru_cache(maxsize=4)

@@ -9,12 +9,12 @@ server idles.
 
 What to warm is learned, not guessed: after a compile, the modules it imported and the files
 dynamo indexed (and, on CPU, the cache dir where torch's ISA probe builds are) are recorded in
-``prewarm.json`` at the persistent cache root. When the server
-starts, and only if that manifest exists (this server has compiled before), one daemon thread
-replays it; a new fleet worker fetches the manifest another worker published (and the
-entries it names). A compile that starts meanwhile stops the thread at its next module and
-waits for it, so the two never race. Only modules of
-the compiler's own packages are imported, and source files are only read, never run.
+``prewarm.json`` at the persistent cache root. When the server starts, and only if that
+manifest exists (this server has compiled before), one daemon thread replays it; a new fleet
+worker fetches the manifest another worker published (and the entries it names). A compile
+that starts meanwhile stops the thread at its next module and waits for it, so the two never
+race. Only modules of the compiler's own packages are imported, and source files are only
+read, never run.
 ``TORCH_COMPILE_SPEED_PREWARM=0`` turns it off.
 """
 from __future__ import annotations
@@ -41,7 +41,6 @@ MAX_FINGERPRINTS = 8
 _thread: threading.Thread | None = None
 _stop = threading.Event()
 _lock = threading.Lock()
-last_report: dict = {}
 
 
 def enabled() -> bool:
@@ -72,7 +71,7 @@ def read_manifest(root: Path) -> dict:
 
 def clean(data) -> dict:
     """A manifest as read from disk or a shared store, reduced to what may be replayed."""
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not data:
         return {}
     return {"modules": [m for m in data.get("modules", []) if allowed_module(m)][:MAX_MODULES],
             "files": [f for f in data.get("files", []) if isinstance(f, str)][:MAX_FILES],
@@ -251,10 +250,10 @@ def start(root: Path | None, shared: Callable[[], dict | None] | None = None) ->
         if manifest.get("isa_dir") and not Path(manifest["isa_dir"]).resolve().is_relative_to(
                 root.resolve()):
             manifest["isa_dir"] = None  # only ever a dir of this cache
-        last_report.update(warm(manifest))
+        report = warm(manifest)
         log.info("warmed torch's compiler stack in the background in %.1f s (%d modules, "
-                 "%d source files%s)", last_report["seconds"], last_report["imported"],
-                 last_report["indexed"], "" if local else ", manifest from the shared cache")
+                 "%d source files%s)", report["seconds"], report["imported"], report["indexed"],
+                 "" if local else ", manifest from the shared cache")
 
     with _lock:
         if _thread is not None:

@@ -194,10 +194,10 @@ def prewarm_when_server_starts() -> bool:
         cache, fleet = PersistentCache.default(user_directory()), Fleet.from_env()
 
         def from_fleet():  # a new worker: the fleet's manifest, and its latest entries
-            manifest = fleet.fetch_manifest()
+            manifest = prewarm.clean(fleet.fetch_manifest())
             if manifest:
                 device = comfy.model_management.get_torch_device()
-                filled = fleet.prefetch(prewarm.clean(manifest)["fingerprints"], device, cache)
+                filled = fleet.prefetch(manifest["fingerprints"], device, cache)
                 manifest["isa_dir"] = str(filled[0]) if filled and device.type == "cpu" else None
             return manifest
 

@@ -50,6 +50,7 @@ def test_a_tampered_manifest_names_no_other_module(tmp_path):
                  "fingerprints": ["ab" * 12]}  # fingerprints become directory names
     (tmp_path / prewarm.MANIFEST).write_text("not json")
     assert prewarm.read_manifest(tmp_path) == {}
+    assert prewarm.clean({}) == {} and prewarm.clean(None) == {}  # nothing to replay: no thread
 
 
 def test_generated_graph_modules_are_not_recorded(tmp_path):
