@@ -2,7 +2,11 @@
 
 Builds ComfyUI's own ``WanModel`` (8 blocks, dim 512, random weights, SDPA attention) in
 process, profiles eager model calls with ``torch.profiler`` and times eager, ours (regional,
-shape policy auto and static) and ``torch.compile`` of the whole model side by side.
+shape policy auto and static) and ``torch.compile`` of the whole model side by side, plus
+``torch.compile`` with inductor ``freezing`` (weights prepacked as constants). The pack never
+uses freezing, because the baked-in weights would ignore LoRA patches; the row shows what
+it would buy. ``bound`` is the ratio left if compile made every op other than the GEMMs
+and attention free.
 
     .venv/bin/python benchmarks/cpu_op_profile.py
 
@@ -85,8 +89,16 @@ def main() -> int:
             times[f"ours-regional ({policy})"] = median_ms(lambda: cm.run(model, call, x.device))
         whole = torch.compile(model)
         times["torch.compile(model)"] = median_ms(lambda: whole(x, t, ctx))
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(freezing=True):
+            frozen = torch.compile(model)
+            times["torch.compile(model), freezing (not used)"] = median_ms(lambda: frozen(x, t, ctx))
+        torch._dynamo.reset()
     result["median_ms_per_model_call"] = times
     result["ratio_vs_eager"] = {k: round(v / times["eager"], 3) for k, v in times.items()}
+    result["bound"] = round(sum(o["share"] for o in result["eager_ops"]
+                                if o["op"] in ("aten::addmm", "aten::mm", "aten::bmm")
+                                or "scaled_dot_product" in o["op"]), 3)
     OUT.with_suffix(".json").write_text(json.dumps(result, indent=1))
     lines = ["# Eager CPU profile of the dim-512 benchmark WAN, and what compile changes", "",
              f"- {result['model']}; torch {result['torch']}, {result['threads']} thread; "
@@ -97,6 +109,9 @@ def main() -> int:
               for o in result["eager_ops"]]
     lines += ["", "| variant | median ms per model call | vs eager |", "|---|---|---|"]
     lines += [f"| {k} | {v} | {result['ratio_vs_eager'][k]} |" for k, v in times.items()]
+    lines += ["", f"Bound: GEMMs and attention take {result['bound'] * 100:.1f}% of eager time, so even a "
+              f"compile that made every other op free would reach {result['bound']:.3f} of eager "
+              "unless the GEMMs or the attention themselves get faster."]
     OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
