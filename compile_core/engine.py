@@ -134,7 +134,7 @@ class CompiledModel:
             prewarm.wait()  # a background warm-up's imports must not race this compile's
             if self.persistent:
                 recorder = prewarm.ImportRecorder()
-                self._before_first_compile(device)
+                self._before_first_compile(device, env)
         graphs_before, start = _graph_count(), time.perf_counter()
         cache_before, run_start_us = _fx_cache_counts(), time.time_ns() // 1000
         failure = ""
@@ -180,14 +180,15 @@ class CompiledModel:
                     self.fleet.publish_manifest(changed)
         return out
 
-    def _before_first_compile(self, device: torch.device) -> None:
-        """Warm the local cache from the fleet's shared store (once), then load mega-cache bytes."""
+    def _before_first_compile(self, device: torch.device, env: dict[str, str]) -> None:
+        """Warm the local cache from the fleet's shared store (once), then load mega-cache bytes
+        into the cache dirs of this run (``env``)."""
         fp, local = self.fingerprint, self.persistent
         if self.fleet and not self.entry.fleet_checked and not local.is_complete(fp):
             self.entry.fleet_checked = True
             self.entry.fleet_hit = self.fleet.fetch_into(fp, device, local.inductor_dir(fp))
         if device.type == "cuda":
-            local.load_megacache(fp)
+            local.load_megacache(fp, env)
 
     def _note_cache(self, before: tuple[int, int], on_cuda: bool, device: torch.device) -> None:
         """Record (and log) whether the inductor caches served this compile, and persist it."""

@@ -2,7 +2,8 @@
 
 Each fingerprint gets ``<root>/<fingerprint>/`` holding the inductor cache dir that torch
 uses during our runs (FX graph + AOTAutograd caches, the compiled C++ ``.so`` files on CPU,
-Triton kernels on GPU) and, on GPU, the torch mega-cache artifacts. The directory size
+Triton kernels on GPU and, on GPU, the torch mega-cache artifacts, kept inside that dir so
+that a fleet archive of it carries them too). The directory size
 is bounded: least recently used fingerprints are evicted first. A ``meta.json`` written
 after a successful first compile marks the entry as complete.
 """
@@ -14,10 +15,11 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
 
 import torch
 
-from . import log
+from . import log, scoped
 
 ROOT_ENV = "TORCH_COMPILE_SPEED_CACHE_DIR"       # operator: where the persistent cache lives
 MAX_GB_ENV = "TORCH_COMPILE_SPEED_CACHE_MAX_GB"  # operator: size bound (default below)
@@ -180,6 +182,9 @@ class PersistentCache:
         return removed
 
     # -- mega-cache artifacts (they carry Triton kernels on GPU; on CPU gcc rebuilds anyway)
+    def megacache_path(self, fingerprint: str) -> Path:
+        return self.inductor_dir(fingerprint) / MEGACACHE
+
     def save_megacache(self, fingerprint: str) -> bool:
         try:
             saved = torch.compiler.save_cache_artifacts()
@@ -189,19 +194,25 @@ class PersistentCache:
         if not saved:
             return False
         data, _info = saved
-        path = self.entry_dir(fingerprint) / MEGACACHE
+        path = self.megacache_path(fingerprint)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
         return True
 
-    def load_megacache(self, fingerprint: str) -> bool:
-        path = self.entry_dir(fingerprint) / MEGACACHE
+    def load_megacache(self, fingerprint: str, env: Mapping[str, str] | None = None) -> bool:
+        """Hand the saved bytes to torch. Torch writes them into whatever cache dirs are current,
+        so they are loaded with this entry's env active, plus ``env`` (the run's, e.g. its
+        ``TRITON_CACHE_DIR``)."""
+        path = self.megacache_path(fingerprint)
         if not path.is_file():
             return False
         try:
             # torch returns None (after logging its own warning) for bytes it cannot read
-            if torch.compiler.load_cache_artifacts(path.read_bytes()) is not None:
+            with scoped.scoped_state(env={**self.env(fingerprint), **(env or {})}):
+                loaded = torch.compiler.load_cache_artifacts(path.read_bytes())
+            if loaded is not None:
                 return True
             reason = "torch could not deserialize them"
         except Exception as exc:  # noqa: BLE001 - corrupt or incompatible: compile normally
