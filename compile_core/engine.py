@@ -134,7 +134,7 @@ class CompiledModel:
             prewarm.wait()  # a background warm-up's imports must not race this compile's
             if self.persistent:
                 recorder = prewarm.ImportRecorder()
-                self._before_first_compile(device, env)
+                self._before_first_compile(device)
         graphs_before, start = _graph_count(), time.perf_counter()
         cache_before, run_start_us = _fx_cache_counts(), time.time_ns() // 1000
         failure = ""
@@ -171,7 +171,7 @@ class CompiledModel:
         self.changed = self._record(time.perf_counter() - start, new_graphs) or first
         if new_graphs:
             self.entry.frames.extend(_frames_since(run_start_us))
-            self._note_cache(cache_before, on_cuda, device)
+            self._note_cache(cache_before, device)
             if recorder is not None:  # what a restarted server can warm before its first compile
                 isa_dir = self.persistent.inductor_dir(self.fingerprint) if device.type == "cpu" else None
                 changed = prewarm.record(self.persistent.root, recorder.new(), prewarm.traced_files(),
@@ -180,17 +180,14 @@ class CompiledModel:
                     self.fleet.publish_manifest(changed)
         return out
 
-    def _before_first_compile(self, device: torch.device, env: dict[str, str]) -> None:
-        """Warm the local cache from the fleet's shared store (once), then load mega-cache bytes
-        into the cache dirs of this run (``env``)."""
+    def _before_first_compile(self, device: torch.device) -> None:
+        """Warm the local cache from the fleet's shared store (once)."""
         fp, local = self.fingerprint, self.persistent
         if self.fleet and not self.entry.fleet_checked and not local.is_complete(fp):
             self.entry.fleet_checked = True
             self.entry.fleet_hit = self.fleet.fetch_into(fp, device, local.inductor_dir(fp))
-        if device.type == "cuda":
-            local.load_megacache(fp, env)
 
-    def _note_cache(self, before: tuple[int, int], on_cuda: bool, device: torch.device) -> None:
+    def _note_cache(self, before: tuple[int, int], device: torch.device) -> None:
         """Record (and log) whether the inductor caches served this compile, and persist it."""
         hits, misses = (a - b for a, b in zip(_fx_cache_counts(), before))
         e = self.entry
@@ -204,8 +201,6 @@ class CompiledModel:
         else:
             log.info("persistent cache miss (%d hit, %d new): saving to %s", hits, misses, where)
         self.persistent.mark_complete(self.fingerprint, {"regions": self.description})
-        if on_cuda:
-            self.persistent.save_megacache(self.fingerprint)
         if self.fleet and misses:  # this worker built something the fleet may not have
             self.fleet.publish_from(self.fingerprint, device, self.persistent.inductor_dir(self.fingerprint))
         self.persistent.touch(self.fingerprint)

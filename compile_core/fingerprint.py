@@ -31,20 +31,22 @@ def _named_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 def structure_digest(module: nn.Module) -> str:
-    """Hash of class names, parameter/buffer names, shapes, dtypes and devices.
+    """Hash of class names, parameter/buffer names, shapes and dtypes.
 
-    Cached per module (weakly); the cache is checked against the tensors' identities, so a
-    replaced submodule or parameter, or a cast/move, is noticed."""
+    Not devices: ComfyUI moves weights between CPU and GPU (and splits them in low-VRAM mode)
+    between prompts, and the same model must keep its fingerprint wherever it sits; device
+    specific artifacts are keyed by the compile's device elsewhere (inductor's own cache keys,
+    the fleet key). Cached per module (weakly); the cache is checked against the tensors'
+    identities, so a replaced submodule or parameter, or a cast, is noticed."""
     tensors = _named_tensors(module)
     sig = hash(tuple(id(t) for _, t in tensors))
     hit = _structure_cache.get(module)
-    if hit is not None and hit[0] == sig and (not tensors or hit[2] == (tensors[0][1].dtype,
-                                                                          tensors[0][1].device)):
+    if hit is not None and hit[0] == sig and (not tensors or hit[2] == tensors[0][1].dtype):
         return hit[1]
-    described = [(n, tuple(t.shape), t.dtype, t.device) for n, t in tensors]
+    described = [(n, tuple(t.shape), t.dtype) for n, t in tensors]
     key = f"{type(module).__module__}.{type(module).__qualname__}|{described!r}"
     digest = hashlib.sha256(key.encode()).hexdigest()
-    head = (tensors[0][1].dtype, tensors[0][1].device) if tensors else None
+    head = tensors[0][1].dtype if tensors else None
     _structure_cache[module] = (sig, digest, head)
     return digest
 

@@ -3,8 +3,9 @@
 Configured by the server operator only, through ``TORCH_COMPILE_SPEED_SHARED_CACHE``
 (``redis://host:port/db`` or a directory such as a network volume); a workflow can never
 name a store. After a successful compile a worker publishes its per-fingerprint inductor
-cache directory (the built ``.so`` files on CPU; Triton kernels and, on GPU, the torch
-mega-cache bytes) as one archive; a worker whose local cache lacks that fingerprint fetches
+cache directory (FX-graph and AOTAutograd entries, plus the built ``.so`` files on CPU or
+the Triton kernels and autotune results on GPU: the same entries torch's mega-cache bytes
+would serialize) as one archive; a worker whose local cache lacks that fingerprint fetches
 and unpacks it before compiling, so torch finds its caches warm.
 
 Safety: entries are size-limited (and expire in Redis), carry a SHA-256 of their payload that

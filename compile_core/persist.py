@@ -1,9 +1,11 @@
 """Persistent warm start: compile caches kept per fingerprint, so a restarted server reuses them.
 
 Each fingerprint gets ``<root>/<fingerprint>/`` holding the inductor cache dir that torch
-uses during our runs (FX graph + AOTAutograd caches, the compiled C++ ``.so`` files on CPU,
-Triton kernels on GPU and, on GPU, the torch mega-cache artifacts, kept inside that dir so
-that a fleet archive of it carries them too). The directory size
+uses during our runs: FX graph + AOTAutograd caches, the compiled C++ ``.so`` files on CPU,
+and on GPU the Triton kernels and autotune results (``TRITON_CACHE_DIR`` is set inside it,
+so torch never picks a process-wide one). Torch's mega-cache bytes
+(``save_cache_artifacts``) are not written separately: they serialize these same entries,
+and torch records them for the whole process rather than per model. The directory size
 is bounded: least recently used fingerprints are evicted first. A ``meta.json`` written
 after a successful first compile marks the entry as complete.
 """
@@ -15,17 +17,15 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Mapping
 
 import torch
 
-from . import log, scoped
+from . import log
 
 ROOT_ENV = "TORCH_COMPILE_SPEED_CACHE_DIR"       # operator: where the persistent cache lives
 MAX_GB_ENV = "TORCH_COMPILE_SPEED_CACHE_MAX_GB"  # operator: size bound (default below)
 DEFAULT_MAX_GB = 20.0
 META = "meta.json"
-MEGACACHE = "megacache.bin"
 WRITING_GRACE_S = 60.0  # a .so younger than this may still be being written by another process
 
 
@@ -95,7 +95,7 @@ class PersistentCache:
         self.discard_if_damaged(fingerprint)
         d = self.inductor_dir(fingerprint)
         d.mkdir(parents=True, exist_ok=True)
-        return {"TORCHINDUCTOR_CACHE_DIR": str(d)}
+        return {"TORCHINDUCTOR_CACHE_DIR": str(d), "TRITON_CACHE_DIR": str(d / "triton")}
 
     def read_meta(self, fingerprint: str) -> dict | None:
         """meta.json as a dict, or None when it is missing, unreadable or for another entry."""
@@ -180,34 +180,6 @@ class PersistentCache:
             log.info("persistent cache over %.1f GB: evicted %d old entr%s", self.max_bytes / 1024 ** 3,
                      len(removed), "y" if len(removed) == 1 else "ies")
         return removed
-
-    # -- mega-cache artifacts (they carry Triton kernels on GPU; on CPU gcc rebuilds anyway)
-    def megacache_path(self, fingerprint: str) -> Path:
-        return self.inductor_dir(fingerprint) / MEGACACHE
-
-    def save_megacache(self, fingerprint: str) -> bool:
-        try:
-            saved = torch.compiler.save_cache_artifacts()
-        except Exception as exc:  # noqa: BLE001 - an optional accelerator, never fatal
-            log.warn_once("megacache-save", "could not save torch cache artifacts: %s", exc)
-            return False
-        if not saved:
-            return False
-        data, _info = saved
-        path = self.megacache_path(fingerprint)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        return True
-
-    def load_megacache(self, fingerprint: str, env: Mapping[str, str] | None = None) -> bool:
-        """Hand the saved bytes to torch. Torch writes them into whatever cache dirs are current,
-        so they are loaded with this entry's env active, plus ``env`` (the run's, e.g. its
-        ``TRITON_CACHE_DIR``)."""
-        path = self.megacache_path(fingerprint)
-        if not path.is_file():
-            return False
         try:
             # torch returns None (after logging its own warning) for bytes it cannot read
             with scoped.scoped_state(env={**self.env(fingerprint), **(env or {})}):

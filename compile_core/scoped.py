@@ -44,7 +44,9 @@ def scoped_state(dynamo: Mapping[str, object] | None = None,
     d = _known(dynamo_config, dynamo or {}, "torch._dynamo.config")
     f = _known(fx_config, fx or {}, "torch.fx.experimental._config")
     i = _known(inductor_config, {**(inductor or {}), **ALWAYS_INDUCTOR}, "torch._inductor.config")
-    saved_env = {k: os.environ.get(k) for k in (env or {})}
+    # torch itself sets the cache-dir variables when they are unset (inductor's cache_dir(),
+    # Triton's autotuner), so they are restored even when this scope does not set them
+    saved_env = {k: os.environ.get(k) for k in {*(env or {}), *_CACHE_DIR_VARS}}
     moves_cache = any(saved_env.get(k) != v for k, v in (env or {}).items() if k in _CACHE_DIR_VARS)
     try:
         os.environ.update(env or {})

@@ -92,19 +92,6 @@ def test_dir_store_publish_then_fetch(tmp_path):
     assert not f.fetch_into("fpX", CPU, tmp_path / "w4") and not (tmp_path / "w4").exists()
 
 
-def test_the_entry_archive_carries_the_megacache_bytes(tmp_path):
-    """On GPU the issue asks for torch's mega-cache bytes in the shared entry: the persistent
-    cache keeps them inside the inductor dir that is published, so a fetch brings them."""
-    from compile_core.persist import PersistentCache
-    w1, w2 = PersistentCache(tmp_path / "w1"), PersistentCache(tmp_path / "w2")
-    make_cache_dir(w1.inductor_dir("fp"))
-    w1.megacache_path("fp").write_bytes(b"mega" * 50)
-    f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
-    assert f.publish_from("fp", CPU, w1.inductor_dir("fp"))
-    assert f.fetch_into("fp", CPU, w2.inductor_dir("fp"))
-    assert w2.megacache_path("fp").read_bytes() == b"mega" * 50
-
-
 def test_prewarm_manifest_is_shared_sealed(tmp_path):
     f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
     assert f.fetch_manifest() is None  # nothing published yet

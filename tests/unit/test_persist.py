@@ -1,9 +1,8 @@
 """compile_core.persist: the on-disk cache stays bounded, and damaged files never break a run.
 
-Eviction is least-recently-used by entry mtime and never removes the entry in use. Garbage
-mega-cache bytes are discarded. A damaged entry (garbage ``meta.json``, a ``.so`` that is not
-a whole shared object) is discarded the first time a process uses it, so the compile starts
-cold instead of tripping over it (see ``test_reliability_fallback.py`` for the real server).
+Eviction is least-recently-used by entry mtime and never removes the entry in use. A damaged
+entry (garbage ``meta.json``, a ``.so`` that is not a whole shared object) is discarded the
+first time a process uses it, so the compile starts cold instead of tripping over it (see ``test_reliability_fallback.py`` for the real server).
 """
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile_core import persist, scoped
-from compile_core.persist import META, MEGACACHE, PersistentCache, shared_object_problem
+from compile_core import persist
+from compile_core.persist import META, PersistentCache, shared_object_problem
 
 MB = 1024 * 1024
 OLD = time.time() - 3600  # "left there by an earlier run"
@@ -123,46 +122,6 @@ def test_default_root_is_under_the_user_dir_unless_configured(tmp_path, monkeypa
     assert PersistentCache.default(tmp_path).root == tmp_path / "shared"
 
 
-# --------------------------------------------------------------------------- mega-cache bytes
-
-def test_load_megacache_with_garbage_bytes_returns_false_and_removes_the_file(tmp_path, pack_log):
-    cache = PersistentCache(tmp_path, max_bytes=MB)
-    path = cache.megacache_path("fp")
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"this is not a torch mega-cache" * 100)
-    assert cache.load_megacache("fp") is False
-    assert not path.exists()
-    warnings = pack_log.warnings()
-    assert len(warnings) == 1 and "discarding unreadable torch cache artifacts" in warnings[0]
-
-
-@pytest.mark.parametrize("data", [b"", b"\0", os.urandom(4096)])
-def test_load_megacache_survives_any_bytes(tmp_path, data):
-    cache = PersistentCache(tmp_path, max_bytes=MB)
-    path = cache.megacache_path("fp")
-    path.parent.mkdir(parents=True)
-    path.write_bytes(data)
-    assert cache.load_megacache("fp") is False
-    assert not path.exists()
-
-
-def test_load_megacache_without_a_file_is_false(tmp_path):
-    assert PersistentCache(tmp_path, max_bytes=MB).load_megacache("none") is False
-
-
-def test_save_megacache_writes_a_file_only_when_torch_has_artifacts(tmp_path):
-    """Nothing compiled by inductor in this process: no file; otherwise torch's bytes, atomically."""
-    cache = PersistentCache(tmp_path, max_bytes=MB)
-    cache.entry_dir("fp").mkdir(parents=True)
-    has = torch.compiler.save_cache_artifacts() is not None
-    assert cache.save_megacache("fp") is has
-    path = cache.megacache_path("fp")
-    assert path.is_file() is has
-    if has:
-        assert path.stat().st_size > 0
-    assert not path.with_suffix(".tmp").exists()
-
-
 # --------------------------------------------------------------------------- completeness
 
 def test_mark_complete_then_is_complete(tmp_path):
@@ -236,7 +195,8 @@ def test_damaged_entry_is_discarded_once_with_one_warning(tmp_path, pack_log, ho
     _backdate(cache.entry_dir("fp"))
     assert cache.damage("fp")
     env = cache.env("fp")  # what a run asks for first
-    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(cache.inductor_dir("fp"))}
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(cache.inductor_dir("fp")),
+                   "TRITON_CACHE_DIR": str(cache.inductor_dir("fp") / "triton")}
     assert cache.inductor_dir("fp").is_dir() and not any(cache.inductor_dir("fp").iterdir())
     assert not cache.is_complete("fp")
     warnings = pack_log.warnings()
@@ -261,37 +221,7 @@ def test_a_shared_object_being_written_now_is_not_judged(tmp_path):
 
 def test_missing_entry_is_created_not_reported(tmp_path, pack_log):
     cache = PersistentCache(tmp_path, max_bytes=MB)
-    assert cache.env("new") == {"TORCHINDUCTOR_CACHE_DIR": str(cache.inductor_dir("new"))}
+    assert cache.env("new")["TORCHINDUCTOR_CACHE_DIR"] == str(cache.inductor_dir("new"))
     assert cache.inductor_dir("new").is_dir()
     assert pack_log.warnings() == []
 
-
-def test_megacache_bytes_fill_the_entry_they_are_loaded_for_and_serve_its_compile(tmp_path):
-    """Torch writes loaded mega-cache bytes into whatever cache dir is current. They must land
-    in the entry's own inductor dir (where the run's compile looks), wherever the caller is:
-    a real CPU inductor compile in entry ``a``, its bytes copied to entry ``b`` (as a fleet
-    fetch does), loaded outside any scope, then a compile in ``b`` is an FX graph cache hit."""
-    from torch._dynamo.utils import counters
-
-    def triple_relu_minus_one(x):
-        return torch.relu(x) * 3 - 1
-
-    x = torch.randn(16)
-    a = PersistentCache(tmp_path / "a", max_bytes=MB)
-    with scoped.scoped_state(env=a.env("fp")):
-        expected = torch.compile(triple_relu_minus_one, backend="inductor")(x)
-    assert a.save_megacache("fp")
-    b = PersistentCache(tmp_path / "b", max_bytes=MB)
-    b.megacache_path("fp").parent.mkdir(parents=True)
-    shutil.copy(a.megacache_path("fp"), b.megacache_path("fp"))
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-
-    assert b.load_megacache("fp")
-    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before  # restored
-    assert any(p.is_file() for p in (b.inductor_dir("fp") / "fxgraph").rglob("*"))
-    torch._dynamo.reset()
-    hits = counters["inductor"]["fxgraph_cache_hit"]
-    with scoped.scoped_state(env=b.env("fp")):
-        out = torch.compile(triple_relu_minus_one, backend="inductor")(x)
-    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1
-    assert torch.equal(out, expected)

@@ -51,6 +51,21 @@ def test_state_is_restored_after_an_exception(tmp_path):
     assert scoped.snapshot() == before
 
 
+def test_cache_dirs_torch_sets_inside_a_scope_do_not_outlive_it(monkeypatch, tmp_path):
+    """Torch sets ``TORCHINDUCTOR_CACHE_DIR`` (inductor's ``cache_dir()``) and, on GPU,
+    ``TRITON_CACHE_DIR`` (Triton's autotuner) when they are unset. Set during one of our runs,
+    they would pin later compiles, ours and other packs', to that run's cache dir."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    with scoped.scoped_state(dynamo={"recompile_limit": 11}):
+        cache_dir()  # torch's own call
+        assert "TORCHINDUCTOR_CACHE_DIR" in os.environ
+        os.environ["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # as Triton's autotuner does
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    assert "TRITON_CACHE_DIR" not in os.environ
+
+
 def test_nested_scopes_restore_in_order():
     before = scoped.snapshot()
     with scoped.scoped_state(dynamo={"recompile_limit": 11}):
