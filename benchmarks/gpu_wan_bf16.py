@@ -299,8 +299,11 @@ def environment(args) -> dict:
         p = torch.cuda.get_device_properties(torch.device(args.device))
         env["gpu"] = {"name": p.name, "capability": f"{p.major}.{p.minor}",
                       "memory_gb": round(p.total_memory / 1024 ** 3, 1)}
-    env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                                       text=True).stdout.strip()
+    try:
+        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT,
+                                           capture_output=True, text=True).stdout.strip()
+    except OSError:  # no git on the GPU machine
+        env["git_commit"] = ""
     return env
 
 
@@ -312,12 +315,27 @@ def run_variant(args, variant: str, cache: Path, out_file: Path, phase: str) -> 
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
            "TRITON_CACHE_DIR": str(cache / "triton"), "TORCH_COMPILE_SPEED_CACHE_DIR": "off"}
     t = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if p.returncode:
-        return {"variant": variant, "phase": phase, "error": (p.stdout[-2000:] + p.stderr[-6000:])}
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant, "phase": phase, "error": f"timed out after {args.timeout} s"}
+    # the worker prints its result as the last line; a crash at CUDA/Triton teardown after that
+    # (non-zero exit) does not void the measurement
+    lines = p.stdout.strip().splitlines()
+    try:
+        r = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        r = None
+    if not isinstance(r, dict):
+        return {"variant": variant, "phase": phase, "returncode": p.returncode,
+                "error": (p.stdout[-2000:] + p.stderr[-6000:]) or f"exit code {p.returncode}, no output"}
     r["process_s"] = time.perf_counter() - t
+    r["returncode"] = p.returncode
     return r
+
+
+def error_line(result: dict) -> str:
+    return (result["error"].strip().splitlines() or ["(no output)"])[-1]
 
 
 def write_md(res: dict, path: Path) -> None:
@@ -339,7 +357,7 @@ def write_md(res: dict, path: Path) -> None:
     for v, r in res["variants"].items():
         c, w = r.get("cold", {}), r.get("restart", {})
         if "error" in c:
-            L.append(f"| {v} | error: {c['error'].strip().splitlines()[-1][:150]} |" + " |" * 6)
+            L.append(f"| {v} | error: {error_line(c)[:150]} |" + " |" * 6)
             continue
         med = c["steady_ms"]["median"]
 
@@ -423,7 +441,7 @@ def main() -> int:
                 r["rel_l2_vs_eager"] = ((a.double() - b.double()).norm() / b.double().norm()).item()
             res["variants"][v] = r
             c = r["cold"]
-            print("   " + (c["error"].strip().splitlines()[-1] if "error" in c else
+            print("   " + (error_line(c) if "error" in c else
                           f"first call {c['first_call_s']:.2f} s, steady {c['steady_ms']['median']:.2f} ms"
                           + (f", restart first call {r['restart']['first_call_s']:.2f} s"
                              if "first_call_s" in r.get("restart", {}) else "")), flush=True)
