@@ -70,11 +70,15 @@ def cpu_identity() -> str:
 
 
 def _triton_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("triton")
-    except Exception:  # noqa: BLE001
-        return "none"
+    """The installed Triton's version, whichever distribution ships it (PyPI's ``triton``, or
+    ``pytorch-triton`` / ``pytorch-triton-rocm`` next to nightly and ROCm torch builds)."""
+    from importlib.metadata import PackageNotFoundError, version
+    for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm"):
+        try:
+            return f"{dist}=={version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return "none"
 
 
 def artifact_identity(device: torch.device) -> dict[str, str]:

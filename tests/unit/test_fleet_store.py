@@ -79,6 +79,22 @@ def test_artifact_key_depends_on_fingerprint_and_identity(monkeypatch):
     assert fleet.artifact_key("fp1", CPU) != a
 
 
+def test_triton_version_is_found_under_each_distribution_name(monkeypatch):
+    import importlib.metadata as md
+    installed = {}
+
+    def version(dist):
+        if dist not in installed:
+            raise md.PackageNotFoundError(dist)
+        return installed[dist]
+    monkeypatch.setattr(md, "version", version)
+    assert fleet._triton_version() == "none"
+    installed["pytorch-triton"] = "3.5.0+git1234"  # a nightly torch's Triton
+    assert fleet._triton_version() == "pytorch-triton==3.5.0+git1234"
+    installed["triton"] = "3.5.0"
+    assert fleet._triton_version() == "triton==3.5.0"
+
+
 def test_dir_store_publish_then_fetch(tmp_path):
     f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
     src = make_cache_dir(tmp_path / "w1")
