@@ -71,7 +71,11 @@ def _cpp_compiler_problem(_cxx, _cc, _search) -> str:
     return ""
 
 
-def triton_problem() -> str:
+def triton_problem(device: torch.device | None = None) -> str:
+    if device is not None and device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (7, 0):  # torch's has_triton() is False there whatever is installed
+            return f"this GPU (sm_{major}{minor}) is older than Triton supports (sm_70 or newer)"
     try:
         from torch.utils._triton import has_triton
         if not has_triton():
@@ -93,11 +97,11 @@ def preflight(settings: CompileSettings, device: torch.device,
                                     "g++ (apt-get install g++) or set CXX; the model stays eager."))
             return None, findings
     elif device.type == "cuda":
-        problem = triton_problem()
+        problem = triton_problem(device)
         if problem:
-            findings.append(Finding("triton", f"{problem}: inductor on CUDA needs it. pip install "
-                                    "the triton matching this torch; falling back to backend "
-                                    "'cudagraphs' (no kernel fusion)."))
+            fix = "" if problem.startswith("this GPU") else " pip install the triton matching this torch;"
+            findings.append(Finding("triton", f"{problem}: inductor on CUDA needs Triton.{fix} "
+                                    "Falling back to backend 'cudagraphs' (no kernel fusion)."))
             return dataclasses.replace(settings, backend="cudagraphs", mode="default"), findings
         fp8 = {d for d in param_dtypes if "float8_e4m3" in str(d)}
         if fp8:

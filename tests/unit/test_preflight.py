@@ -189,6 +189,15 @@ def test_missing_triton_downgrades_to_cudagraphs(fake_cuda, mode):
     assert checked.compile_kwargs()["mode"] is None  # torch.compile rejects modes for non-inductor
 
 
+def test_gpu_older_than_triton_supports_says_so_not_pip_install(fake_cuda):
+    fake_cuda.capability = (6, 1)  # a Pascal card: torch's has_triton() is False there
+    fake_cuda.triton = False
+    checked, findings = pf.preflight(settings(), CUDA, {torch.float16})
+    assert checked.backend == "cudagraphs"
+    assert [f.check for f in findings] == ["triton"]
+    assert "sm_61" in findings[0].message and "pip install" not in findings[0].message
+
+
 def test_triton_and_compiler_present_leave_cuda_settings_unchanged(fake_cuda, failing_cxx):
     """On CUDA inductor generates Triton, not C++: a broken host compiler is not checked there."""
     fake_cuda.capability = (9, 0)
