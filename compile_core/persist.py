@@ -180,15 +180,3 @@ class PersistentCache:
             log.info("persistent cache over %.1f GB: evicted %d old entr%s", self.max_bytes / 1024 ** 3,
                      len(removed), "y" if len(removed) == 1 else "ies")
         return removed
-        try:
-            # torch returns None (after logging its own warning) for bytes it cannot read
-            with scoped.scoped_state(env={**self.env(fingerprint), **(env or {})}):
-                loaded = torch.compiler.load_cache_artifacts(path.read_bytes())
-            if loaded is not None:
-                return True
-            reason = "torch could not deserialize them"
-        except Exception as exc:  # noqa: BLE001 - corrupt or incompatible: compile normally
-            reason = str(exc)
-        log.warning("discarding unreadable torch cache artifacts %s: %s", path, reason)
-        path.unlink(missing_ok=True)
-        return False

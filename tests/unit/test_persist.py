@@ -6,7 +6,6 @@ first time a process uses it, so the compile starts cold instead of tripping ove
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
