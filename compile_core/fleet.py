@@ -48,7 +48,7 @@ class FleetError(RuntimeError):
 # --------------------------------------------------------------------------- artifact identity
 
 @functools.lru_cache(maxsize=None)
-def cpu_identity() -> str:
+def _cpu_identity() -> str:
     """CPU flags, C++ compiler version and -march: what a CPU-built kernel depends on."""
     flags = ""
     try:
@@ -89,7 +89,7 @@ def artifact_identity(device: torch.device) -> dict[str, str]:
         major, minor = torch.cuda.get_device_capability(device)
         ident["target"] = f"sm_{major}{minor}"
     else:
-        ident["target"] = cpu_identity()
+        ident["target"] = _cpu_identity()
     return ident
 
 

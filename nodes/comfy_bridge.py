@@ -90,7 +90,6 @@ def diagnosis_calls(model_patcher, compiled, latent_samples):
     import types
     import uuid
 
-
     from ..compile_core import regions
 
     comfy.model_management.load_models_gpu([model_patcher])
