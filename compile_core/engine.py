@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import fallback, log, prewarm, scoped, shapes, warmup
+from . import fallback, log, precompiled, prewarm, scoped, shapes, warmup
 from .fingerprint import fingerprint
 from .fleet import Fleet
 from .persist import PersistentCache
@@ -46,9 +46,10 @@ def make_compiled_call(settings: CompileSettings) -> Callable:
 
 @contextlib.contextmanager
 def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
-             policy: str = "auto", whole_model: bool = False) -> Iterator[None]:
-    """Route each module's ``__call__`` through ``compiled`` for the duration of the block,
-    with its inputs prepared by the shape policy."""
+             policy: str = "auto", whole_model: bool = False,
+             fast: precompiled.Precompiled | None = None) -> Iterator[None]:
+    """Route each module's ``__call__`` through ``compiled`` (or ``fast`` where it has the
+    region) for the duration of the block, with its inputs prepared by the shape policy."""
     saved = []
     shapers: dict[type, shapes.InputShaper] = {}
     try:
@@ -56,7 +57,7 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
             shaper = shapers.get(type(m)) or shapers.setdefault(
                 type(m), shapes.InputShaper(m, family, policy, whole_model))
             saved.append((m, m.__dict__.get("_compiled_call_impl", _MISSING)))
-            m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper)
+            m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper, fast)
         yield
     finally:
         for m, prev in saved:
@@ -135,14 +136,17 @@ class CompiledModel:
             if self.persistent:
                 recorder = prewarm.ImportRecorder()
                 self._before_first_compile(device)
+        fast = self._precompiled()
         graphs_before, start = _graph_count(), time.perf_counter()
-        cache_before, run_start_us = _fx_cache_counts(), time.time_ns() // 1000
+        cache_before, run_start_us = self._cache_counts(), time.time_ns() // 1000
         failure = ""
+        modules = self.plan.modules(diffusion_model)
+        if fast is not None:
+            fast.begin_run(modules)
         try:
             with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env), \
-                    attached(self.plan.modules(diffusion_model), self.entry.compiled,
-                             self.plan.family, self.settings.shape_policy,
-                             not self.plan.regional):
+                    attached(modules, self.entry.compiled, self.plan.family,
+                             self.settings.shape_policy, not self.plan.regional, fast):
                 if first_compile and device.type == "cpu" and self.settings.backend == "inductor":
                     prewarm.probe_cpu_isa()  # side by side, not one ISA after another
                 if ptx and not self._warmed and self.settings.warmup_runs:
@@ -167,7 +171,8 @@ class CompiledModel:
             self.changed = True
             return out
         first, self._ran = not self._ran, True
-        new_graphs = _graph_count() - graphs_before
+        # a region loaded by torch's AOT API counts like a graph compiled from the cache
+        new_graphs = _graph_count() - graphs_before + (fast.loaded - cache_before[2] if fast else 0)
         self.changed = self._record(time.perf_counter() - start, new_graphs) or first
         if new_graphs:
             self.entry.frames.extend(_frames_since(run_start_us))
@@ -180,6 +185,20 @@ class CompiledModel:
                     self.fleet.publish_manifest(changed)
         return out
 
+    def _precompiled(self) -> precompiled.Precompiled | None:
+        """The entry's dynamo-level warm start (``compile_core.precompiled``), where it applies."""
+        e = self.entry
+        if e.precompiled is None and self.persistent and precompiled.supported(self.settings, self.plan.regional):
+            e.precompiled = precompiled.Precompiled(
+                self.persistent.inductor_dir(self.fingerprint) / precompiled.DIRNAME,
+                self.settings.compile_kwargs())
+        return e.precompiled or None
+
+    def _cache_counts(self) -> tuple[int, int, int, int]:
+        """(FX-graph cache hits, misses, regions loaded precompiled, regions captured)."""
+        fast = self.entry.precompiled
+        return (*_fx_cache_counts(), fast.loaded if fast else 0, fast.captured if fast else 0)
+
     def _before_first_compile(self, device: torch.device) -> None:
         """Warm the local cache from the fleet's shared store (once)."""
         fp, local = self.fingerprint, self.persistent
@@ -187,9 +206,11 @@ class CompiledModel:
             self.entry.fleet_checked = True
             self.entry.fleet_hit = self.fleet.fetch_into(fp, device, local.inductor_dir(fp))
 
-    def _note_cache(self, before: tuple[int, int], device: torch.device) -> None:
-        """Record (and log) whether the inductor caches served this compile, and persist it."""
-        hits, misses = (a - b for a, b in zip(_fx_cache_counts(), before))
+    def _note_cache(self, before: tuple[int, int, int, int], device: torch.device) -> None:
+        """Record (and log) whether the caches served this compile, and persist it. A region
+        loaded precompiled is a hit; one traced and saved is a miss."""
+        fx_hits, fx_misses, loaded, captured = (a - b for a, b in zip(self._cache_counts(), before))
+        hits, misses = fx_hits + loaded, fx_misses + captured
         e = self.entry
         e.cache_hits += hits
         e.cache_misses += misses

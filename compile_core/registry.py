@@ -30,6 +30,7 @@ class CompiledEntry:
     fleet_checked: bool = False  # the shared store was asked once for this entry
     fleet_hit: bool = False
     measurement: dict = dataclasses.field(default_factory=dict)  # last Diagnostics speedup
+    precompiled: object = None  # precompiled.Precompiled: the dynamo-level warm start, if any
 
 
 class ReuseRegistry:

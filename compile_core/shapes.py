@@ -63,14 +63,17 @@ class InputShaper:
                            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] \
             if self.dims else []
 
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:
+        """(args, kwargs, marks): the inputs made contiguous, and the (tensor, dim) pairs to mark
+        dynamic (``mark``) before a call that may trace."""
+        marks: list[tuple[torch.Tensor, int]] = []
         if self.dims is not None:
             names = self.positional
-            args = tuple(self._prepare(v, self.dims.get(names[i] if i < len(names) else "", ()))
+            args = tuple(self._prepare(v, self.dims.get(names[i] if i < len(names) else "", ()), marks)
                          if isinstance(v, torch.Tensor) else v for i, v in enumerate(args))
-            kwargs = {k: self._prepare(v, self.dims.get(k, ())) if isinstance(v, torch.Tensor) else v
-                      for k, v in kwargs.items()}
-            return args, kwargs
+            kwargs = {k: self._prepare(v, self.dims.get(k, ()), marks) if isinstance(v, torch.Tensor)
+                      else v for k, v in kwargs.items()}
+            return args, kwargs, marks
         # Unknown family: the first tensor is the hidden state; other tensors that share its
         # batch size get a dynamic batch too. Nothing else is guessed.
         args = list(args)
@@ -79,32 +82,40 @@ class InputShaper:
             if isinstance(value, torch.Tensor):
                 if batch is None:
                     batch = value.shape[0] if value.ndim else None
-                    args[i] = self._prepare(value, _generic_dims(value, self.whole_model))
+                    args[i] = self._prepare(value, _generic_dims(value, self.whole_model), marks)
                 else:
-                    args[i] = self._prepare(value, self._batch_dim(value, batch))
-        kwargs = {k: self._prepare(v, self._batch_dim(v, batch)) if isinstance(v, torch.Tensor) else v
-                  for k, v in kwargs.items()}
-        return tuple(args), kwargs
+                    args[i] = self._prepare(value, self._batch_dim(value, batch), marks)
+        kwargs = {k: self._prepare(v, self._batch_dim(v, batch), marks) if isinstance(v, torch.Tensor)
+                  else v for k, v in kwargs.items()}
+        return tuple(args), kwargs, marks
 
     @staticmethod
     def _batch_dim(t: torch.Tensor, batch) -> tuple[int, ...]:
         return (0,) if t.ndim and batch is not None and t.shape[0] == batch else ()
 
-    def _prepare(self, t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    def _prepare(self, t: torch.Tensor, dims: tuple[int, ...], marks: list) -> torch.Tensor:
         if not t.is_contiguous():
             t = t.contiguous()
         elif t._base is not None and not torch.is_grad_enabled():
             t = t.detach()  # a view brings guards on its base's (old) sizes; detach drops it, no copy
         if self.policy == "auto":
-            for d in dims:
-                if d < t.ndim:
-                    torch._dynamo.maybe_mark_dynamic(t, d)
+            marks.extend((t, d) for d in dims if d < t.ndim)
         return t
 
 
-def shaped_call(compiled: Callable, module: nn.Module, shaper: InputShaper) -> Callable:
-    """The ``_compiled_call_impl`` for one module: shape its inputs, then call ``compiled``."""
+def mark(marks: list[tuple[torch.Tensor, int]]) -> None:
+    for t, d in marks:
+        torch._dynamo.maybe_mark_dynamic(t, d)
+
+
+def shaped_call(compiled: Callable, module: nn.Module, shaper: InputShaper, fast=None) -> Callable:
+    """The ``_compiled_call_impl`` for one module: shape its inputs, then call ``compiled``, or
+    ``fast`` (a ``precompiled.Precompiled``) when it has the region. Marks are applied only
+    before a call that may trace: a function loaded by torch's AOT API rejects marked inputs."""
     def call(*args, **kwargs):
-        args, kwargs = shaper(module, args, kwargs)
-        return compiled(module, *args, **kwargs)
+        args, kwargs, marks = shaper(module, args, kwargs)
+        if fast is None:
+            mark(marks)
+            return compiled(module, *args, **kwargs)
+        return fast.call(module, args, kwargs, lambda: mark(marks), compiled)
     return call

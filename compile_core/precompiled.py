@@ -1,0 +1,298 @@
+"""Dynamo-level warm start: each region's traced graph and guards, saved with torch's AOT
+compile API, so a restarted server (or a fleet worker) skips dynamo's trace as well.
+
+With the inductor caches warm, most of what is left of a restart's first compiled run is
+dynamo tracing one block with symbolic shapes (about 0.9 s of 1.1 s on the benchmark's WAN).
+``torch.compile(..., fullgraph=True).aot_compile()`` traces and compiles a region once and
+gives a function that ``torch.compiler.load_compiled_function`` loads in another process
+without tracing. Saved files live in the entry's inductor dir, so the persistent cache and the
+fleet archive carry them.
+
+torch saves only the guards it can rebuild in another process, and refuses the type guards
+of ComfyUI's op classes (nested classes such as ``comfy.ops.disable_weight_init.Linear``).
+What is not saved is replaced by checks of our own:
+
+- Guards on globals (the functions and modules the block calls, e.g. ComfyUI's
+  ``optimized_attention``): each one's value is described when the region is traced, the
+  description is compared when the file is loaded, and before every model call the value is
+  compared by identity. Any change (a node that patches attention, say) turns the fast path
+  off for that region, and the regular ``torch.compile`` path, with all of dynamo's guards,
+  takes over.
+- Type guards on nested classes, and guards that reach a class through ``type()``: a saved
+  function is keyed by the types of every submodule of its region (``region_key``), so it
+  only runs on a module made of exactly those classes.
+- Local guards (sizes, dtypes, devices, strides, attribute values, dict keys) are saved and
+  checked on every call. A call they reject goes to the regular path.
+
+Only regional inductor compiles without CUDA graphs use this (``supported``); any failure
+to trace, save or load means the regular path, never an error.
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import hashlib
+import importlib
+import io
+import json
+import os
+import types
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import log
+
+DIRNAME = "tcs_precompiled"   # inside the entry's inductor dir (persisted and shared with it)
+MODES = ("default", "max-autotune-no-cudagraphs")
+_ROOT_GLOBALS = nn.Module._call_impl.__globals__  # the traced frame is Module._call_impl
+
+
+def supported(settings, regional: bool) -> bool:
+    return (regional and settings.backend == "inductor" and settings.mode in MODES
+            and hasattr(torch.compiler, "load_compiled_function"))
+
+
+def region_key(module: nn.Module) -> str:
+    """The region's class and the classes of all its submodules. Runs for every region module
+    before every model call, so the walk is over ``_modules`` and the hash is cached."""
+    types_, stack = [], [module]
+    while stack:
+        m = stack.pop()
+        types_.append(type(m))
+        stack.extend(c for c in m._modules.values() if c is not None)
+    sig = tuple(types_)
+    key = _KEYS.get(sig)
+    if key is None:
+        names = "|".join(f"{t.__module__}.{t.__qualname__}" for t in sig)
+        key = _KEYS[sig] = f"{type(module).__name__}-{hashlib.sha256(names.encode()).hexdigest()[:16]}"
+    return key
+
+
+_KEYS: dict[tuple, str] = {}
+
+
+# --------------------------------------------------------------------- global checks
+
+class _Globals(dict):
+    """What dynamo's global guard names (``G['...']``) refer to, looked up in this process."""
+
+    def __init__(self, fn_globals: dict):
+        super().__init__(fn_globals)
+
+    def __missing__(self, name: str):
+        if name.startswith("__builtins_dict___"):
+            return builtins.__dict__
+        if name in _ROOT_GLOBALS:
+            return _ROOT_GLOBALS[name]
+        if name.startswith("__import_"):
+            return importlib.import_module(name[len("__import_"):].replace("_dot_", "."))
+        raise KeyError(name)
+
+
+def describe(value: object) -> str:
+    """A description of a global's value that is stable across processes."""
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return f"constant {value!r}"
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        fn = getattr(value, "__func__", value)
+        code = fn.__code__
+        digest = hashlib.sha256(code.co_code + repr(code.co_names).encode()).hexdigest()[:16]
+        return f"function {fn.__module__}.{fn.__qualname__} {code.co_filename}:{code.co_firstlineno} {digest}"
+    if isinstance(value, type):
+        return f"class {value.__module__}.{value.__qualname__}"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"callable {getattr(value, '__module__', '')}.{value.__qualname__}"
+    if isinstance(value, (dict, list, tuple, set)):
+        return f"{type(value).__name__} of {len(value)}"
+    return f"object of {type(value).__module__}.{type(value).__qualname__}"
+
+
+@dataclasses.dataclass
+class GlobalChecks:
+    """The globals a saved region relied on: what they were, and the objects they are now."""
+    names: list[str]
+    described: list[str]
+
+    @classmethod
+    def capture(cls, names: list[str], fn_globals: dict) -> "GlobalChecks":
+        checks = cls(names, [])
+        checks._bind(fn_globals)
+        checks.described = [describe(v) for v in checks._objects]
+        return checks
+
+    def _bind(self, fn_globals: dict) -> None:
+        self._scope = {"G": _Globals(fn_globals), "__builtins__": {}}
+        self._code = [compile(n, "<guard>", "eval") for n in self.names]
+        self._objects = [eval(c, self._scope) for c in self._code]  # noqa: S307 - dynamo's guard names
+        self._sizes = [len(v) if isinstance(v, _CONTAINERS) else None for v in self._objects]
+
+    def matches_now(self, fn_globals: dict) -> str:
+        """'' when every global is what it was at capture (by description); else the first that is not."""
+        try:
+            self._bind(fn_globals)
+        except Exception as exc:  # noqa: BLE001 - a name that no longer resolves
+            return f"a global it uses is gone ({exc.__class__.__name__}: {exc})"
+        for name, want, value in zip(self.names, self.described, self._objects):
+            if describe(value) != want:
+                return f"{name} is now {describe(value)}, was {want}"
+        return ""
+
+    def changed(self) -> str:
+        """Cheap per-call check against the objects bound at capture or load; '' when none changed."""
+        for name, code, obj, size in zip(self.names, self._code, self._objects, self._sizes):
+            try:
+                now = eval(code, self._scope)  # noqa: S307
+            except Exception:  # noqa: BLE001
+                return f"{name} is gone"
+            if now is obj:
+                if size is not None and len(now) != size:
+                    return f"{name} changed size"
+            elif not (isinstance(now, _CONSTANTS) and type(now) is type(obj) and now == obj):
+                return f"{name} was replaced"
+        return ""
+
+
+_CONTAINERS = (dict, list, set)
+_CONSTANTS = (bool, int, float, str)
+
+
+# --------------------------------------------------------------------- capture, save, load
+
+@dataclasses.dataclass
+class _Region:
+    fn: Callable                 # torch's AOTCompiledFunction
+    checks: GlobalChecks
+
+
+def _keep_guard(dropped: set[str]) -> Callable:
+    from torch._dynamo.guards import CheckFunctionManager
+    unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+
+    def keep(entries):
+        out = []
+        for g in entries:
+            if g.is_global:
+                dropped.add(g.name)
+            ok = not (g.is_global or g.guard_type in unsaved or "__mro__" in g.name or "type(" in g.name)
+            if ok and g.guard_type in ("TYPE_MATCH", "BUILTIN_MATCH") and g.has_value:
+                t = type(g.value)
+                ok = t.__qualname__ == t.__name__  # nested classes: covered by region_key
+            out.append(ok)
+        return out
+    return keep
+
+
+def capture(module: nn.Module, args: tuple, kwargs: dict, compile_kwargs: dict) -> _Region:
+    """Trace and compile one region call with torch's AOT API (raises when it cannot)."""
+    dropped: set[str] = set()
+    kw = {k: v for k, v in compile_kwargs.items() if k in ("backend", "mode", "dynamic")}
+    compiled = torch.compile(nn.Module._call_impl, fullgraph=True,
+                             options={"guard_filter_fn": _keep_guard(dropped)}, **kw)
+    fn = compiled.aot_compile(((module, *args), kwargs))
+    return _Region(fn, GlobalChecks.capture(sorted(dropped), fn.fn.__globals__))
+
+
+def save(region: _Region, path: Path, key: str) -> None:
+    """``<key>.bin`` (torch's bytes) and ``<key>.json`` (our checks), each written atomically."""
+    path.mkdir(parents=True, exist_ok=True)
+    data = type(region.fn).serialize(region.fn).serialized_data
+    meta = {"region": key, "torch": torch.__version__, "globals": region.checks.names,
+            "described": region.checks.described}
+    for name, blob in ((f"{key}.bin", data), (f"{key}.json", json.dumps(meta).encode())):
+        tmp = path / f".{name}.{os.getpid()}.tmp"
+        tmp.write_bytes(blob)
+        os.replace(tmp, path / name)
+
+
+def load(path: Path, key: str) -> tuple[_Region | None, str]:
+    """(region, '') from a saved pair, or (None, why not); never raises."""
+    try:
+        meta = json.loads((path / f"{key}.json").read_text())
+        data = (path / f"{key}.bin").read_bytes()
+    except (OSError, ValueError):
+        return None, ""
+    if not isinstance(meta, dict) or meta.get("region") != key or meta.get("torch") != torch.__version__:
+        return None, "it was saved for another region or torch"
+    try:
+        fn = torch.compiler.load_compiled_function(io.BytesIO(data))
+    except Exception as exc:  # noqa: BLE001 - corrupt, incompatible (torch checks its system info)
+        return None, f"torch could not load it ({exc.__class__.__name__}: {str(exc)[:200]})"
+    checks = GlobalChecks(list(meta.get("globals", [])), list(meta.get("described", [])))
+    problem = checks.matches_now(fn.fn.__globals__)
+    if problem:
+        return None, f"{problem}, so it was traced for other code"
+    return _Region(fn, checks), ""
+
+
+class Precompiled:
+    """The fast path of one compiled entry: per region key, a saved or captured function."""
+
+    def __init__(self, directory: Path, compile_kwargs: dict):
+        self.dir = directory
+        self.compile_kwargs = compile_kwargs
+        self.regions: dict[str, _Region] = {}
+        self.regular: set[str] = set()  # keys that use the regular torch.compile path here
+        self.loaded = 0                 # regions loaded from disk in this process
+        self.captured = 0
+        self._keys: dict[int, str] = {}
+
+    def begin_run(self, modules: list[nn.Module]) -> None:
+        """Once per model call: key the region modules, and drop regions whose globals changed."""
+        self._keys = {}
+        for m in modules:
+            if id(m) not in self._keys:
+                self._keys[id(m)] = region_key(m)
+        for key, region in list(self.regions.items()):
+            why = region.checks.changed()
+            if why:
+                self._give_up(key, f"{why} since it was traced")
+
+    def _give_up(self, key: str, why: str) -> None:
+        self.regions.pop(key, None)
+        self.regular.add(key)
+        log.info("precompiled %s not used (%s): the regular torch.compile path runs it", key, why)
+
+    def call(self, module: nn.Module, args: tuple, kwargs: dict, mark: Callable[[], None],
+             regular: Callable):
+        """Run one region call on the fast path when it applies, else ``mark()`` + ``regular``."""
+        key = self._keys.get(id(module))
+        region = self.regions.get(key) if key else None
+        if region is not None:
+            if region.fn.guard_check(module, *args, **kwargs):
+                return region.fn.fn(module, *args, **kwargs)
+        elif key and key not in self.regular:
+            region = self._load_or_capture(key, module, args, kwargs, mark)
+            if region is not None:
+                return region.fn.fn(module, *args, **kwargs)
+        mark()
+        return regular(module, *args, **kwargs)
+
+    def _load_or_capture(self, key, module, args, kwargs, mark) -> _Region | None:
+        region, why = load(self.dir, key)
+        if region is not None and region.fn.guard_check(module, *args, **kwargs):
+            self.loaded += 1
+            log.info("precompiled %s loaded from %s (no trace)", key, self.dir)
+        else:
+            if why:
+                log.info("precompiled %s in %s not used: %s", key, self.dir, why)
+            mark()
+            try:
+                region = capture(module, args, kwargs, self.compile_kwargs)
+            except Exception as exc:  # noqa: BLE001 - graph break, unsaved guard, ...: regular path
+                self.regular.add(key)
+                log.info("precompile of %s not possible (%s: %s): the regular torch.compile path "
+                         "runs it", key, exc.__class__.__name__, str(exc).splitlines()[0][:200]
+                         if str(exc) else "")
+                return None
+            self.captured += 1
+            try:
+                save(region, self.dir, key)
+            except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run
+                log.info("precompiled %s not saved (%s: %s)", key, exc.__class__.__name__, exc)
+        self.regions[key] = region
+        return region

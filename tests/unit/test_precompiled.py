@@ -1,0 +1,172 @@
+"""compile_core.precompiled: a region traced once is loaded by the next process without a
+dynamo trace, and only ever runs where the code it was traced from is unchanged.
+
+The cross-process tests run real inductor compiles of a small module-level block
+(``tcs_precompiled_model``) in child processes that share one persistent cache root.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tcs_precompiled_model as tiny
+from compile_core import engine, precompiled
+from compile_core.persist import PersistentCache
+from compile_core.settings import CompileSettings, build_compile_args
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = textwrap.dedent("""
+    import json, logging, sys
+    logging.basicConfig(level=logging.INFO)
+    sys.path[:0] = [{root!r}, {tests!r}]
+    import torch
+    from torch._dynamo.utils import counters
+    import tcs_precompiled_model as tiny
+    from compile_core import engine
+    from compile_core.persist import PersistentCache
+    from compile_core.settings import CompileSettings, build_compile_args
+    settings = CompileSettings.from_args(build_compile_args(backend="inductor", mode="default"))
+    model = tiny.build()
+    out = {{"rel": []}}
+    with torch.no_grad():
+        cm = engine.prepare(model, settings, persistent=PersistentCache({cache!r}))
+        for batch, tokens in ((1, 6), (1, 10), (1, 17)):  # (batch: see the host shape tests)
+            x, t = tiny.inputs(batch, tokens)
+            ref = model(x, t)
+            got = cm.run(model, lambda: model(x, t), x.device)
+            out["rel"].append(float((got - ref).norm() / ref.norm()))
+    fast = cm.entry.precompiled
+    out.update(loaded=fast.loaded, captured=fast.captured, traced=counters["stats"]["unique_graphs"],
+               hits=cm.entry.cache_hits, misses=cm.entry.cache_misses, regular=sorted(fast.regular))
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def _child(cache: Path) -> dict:
+    code = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests" / "unit"), cache=str(cache))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return {**json.loads(line[len("RESULT "):]), "log": proc.stderr}
+
+
+def _saved(cache: Path) -> list[Path]:
+    return sorted(cache.glob(f"*/inductor/{precompiled.DIRNAME}/*.bin"))
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_the_region_without_tracing(tmp_path):
+    cache = tmp_path / "cache"
+    first = _child(cache)
+    assert first["captured"] == 1 and first["loaded"] == 0 and first["traced"] == 1, first
+    assert first["misses"] >= 1 and not first["regular"]
+    assert len(_saved(cache)) == 1
+    second = _child(cache)
+    # no dynamo trace at all in the second process, for every size, and the same output
+    assert second["loaded"] == 1 and second["captured"] == 0 and second["traced"] == 0, second
+    assert second["hits"] == 1 and second["misses"] == 0
+    assert "loaded from" in second["log"]
+    for run in (first, second):
+        assert max(run["rel"]) < 1e-5, run["rel"]
+
+    # a damaged file is ignored (with the reason logged); the region is traced and saved again
+    _saved(cache)[0].write_bytes(b"not torch's bytes")
+    third = _child(cache)
+    assert third["captured"] == 1 and third["loaded"] == 0 and max(third["rel"]) < 1e-5, third
+    assert "torch could not load it" in third["log"]
+    assert _child(cache)["loaded"] == 1  # and the fresh copy loads
+
+
+def _settings():
+    return CompileSettings.from_args(build_compile_args(backend="inductor", mode="default"))
+
+
+@pytest.mark.slow
+def test_a_patched_global_sends_the_region_to_the_regular_path(tmp_path, monkeypatch, pack_log):
+    model = tiny.build()
+    x, t = tiny.inputs(1, 6)
+    with torch.no_grad():
+        cm = engine.prepare(model, _settings(), persistent=PersistentCache(tmp_path))
+        cm.run(model, lambda: model(x, t), x.device)
+        assert cm.entry.precompiled.captured == 1
+        # a node patches a function the block calls: the traced function must not run on
+        monkeypatch.setattr(tiny, "gate", lambda v: torch.tanh(v) * 3)
+        ref = model(x, t)
+        got = cm.run(model, lambda: model(x, t), x.device)
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-5)
+    assert cm.entry.precompiled.regular, "the region should have left the fast path"
+    assert any("was replaced since it was traced" in m for m in pack_log.infos()), pack_log.infos()
+
+
+def test_region_key_follows_every_submodule_class():
+    a, b = tiny.Block(), tiny.Block()
+    assert precompiled.region_key(a) == precompiled.region_key(b)
+
+    class OtherLinear(nn.Linear):
+        pass
+
+    b.proj = OtherLinear(32, 32)
+    assert precompiled.region_key(a) != precompiled.region_key(b)
+    assert precompiled.region_key(a).startswith("Block-")
+
+
+def test_only_regional_inductor_compiles_without_cuda_graphs_use_it():
+    s = _settings()
+    assert precompiled.supported(s, regional=True)
+    assert not precompiled.supported(s, regional=False)
+    for kw in ({"backend": "aot_eager"}, {"mode": "reduce-overhead"}, {"mode": "max-autotune"}):
+        args = build_compile_args(**{"backend": "inductor", "mode": "default", **kw})
+        assert not precompiled.supported(CompileSettings.from_args(args), regional=True), kw
+
+
+def test_global_checks_notice_a_replaced_function_a_grown_dict_and_a_new_constant(monkeypatch):
+    names = ["G['__import_tcs_precompiled_model'].gate", "G['__import_tcs_precompiled_model'].HOOKS",
+             "G['__import_tcs_precompiled_model'].LIMIT", "G['torch'].sigmoid"]
+    monkeypatch.setattr(tiny, "HOOKS", {}, raising=False)
+    monkeypatch.setattr(tiny, "LIMIT", 4, raising=False)
+    checks = precompiled.GlobalChecks.capture(names, {})
+    assert checks.changed() == ""
+    assert checks.described[0].startswith("function tcs_precompiled_model.gate ")
+    assert checks.described[2] == "constant 4" and checks.described[1] == "dict of 0"
+    # an equal constant is no change; a new value, a grown dict or a new function is
+    monkeypatch.setattr(tiny, "LIMIT", int("4"))
+    assert checks.changed() == ""
+    tiny.HOOKS["x"] = 1
+    assert "HOOKS" in checks.changed() and "size" in checks.changed()
+    del tiny.HOOKS["x"]
+    monkeypatch.setattr(tiny, "LIMIT", 5)
+    assert "LIMIT" in checks.changed()
+    monkeypatch.setattr(tiny, "LIMIT", 4)
+    monkeypatch.setattr(tiny, "gate", lambda v: v)
+    assert "gate was replaced" in checks.changed()
+    # what a loading process compares: descriptions, not identities
+    fresh = precompiled.GlobalChecks(names, checks.described)
+    assert "gate is now function" in fresh.matches_now({})
+    monkeypatch.undo()
+    monkeypatch.setattr(tiny, "HOOKS", {}, raising=False)
+    monkeypatch.setattr(tiny, "LIMIT", 4, raising=False)
+    assert precompiled.GlobalChecks(names, checks.described).matches_now({}) == ""
+    assert "is gone" in precompiled.GlobalChecks(["G['no_such_name']"], ["x"]).matches_now({})
+
+
+def test_load_refuses_another_torch_or_region_and_never_raises(tmp_path):
+    d = tmp_path / precompiled.DIRNAME
+    assert precompiled.load(d, "Block-0") == (None, "")  # nothing saved
+    d.mkdir()
+    (d / "Block-0.bin").write_bytes(b"x")
+    (d / "Block-0.json").write_text(json.dumps({"region": "Block-0", "torch": "0.0.1"}))
+    region, why = precompiled.load(d, "Block-0")
+    assert region is None and "another region or torch" in why
+    (d / "Block-0.json").write_text(json.dumps({"region": "Block-0", "torch": torch.__version__}))
+    region, why = precompiled.load(d, "Block-0")
+    assert region is None and "torch could not load it" in why
+    (d / "Block-0.json").write_text("{not json")
+    assert precompiled.load(d, "Block-0") == (None, "")
