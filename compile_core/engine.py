@@ -142,7 +142,7 @@ class CompiledModel:
         failure = ""
         modules = self.plan.modules(diffusion_model)
         if fast is not None:
-            fast.begin_run(modules)
+            fast.begin_run(modules, device)
         try:
             with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env), \
                     attached(modules, self.entry.compiled, self.plan.family,
@@ -172,8 +172,9 @@ class CompiledModel:
             return out
         first, self._ran = not self._ran, True
         # a region loaded by torch's AOT API counts like a graph compiled from the cache
-        new_graphs = _graph_count() - graphs_before + (fast.loaded - cache_before[2] if fast else 0)
-        self.changed = self._record(time.perf_counter() - start, new_graphs) or first
+        loaded = fast.loaded - cache_before[2] if fast else 0
+        new_graphs = _graph_count() - graphs_before + loaded
+        self.changed = self._record(time.perf_counter() - start, new_graphs, loaded) or first
         if new_graphs:
             self.entry.frames.extend(_frames_since(run_start_us))
             self._note_cache(cache_before, device)
@@ -227,7 +228,7 @@ class CompiledModel:
         self.persistent.touch(self.fingerprint)
         self.persistent.evict(keep=self.fingerprint)
 
-    def _record(self, seconds: float, new_graphs: int) -> bool:
+    def _record(self, seconds: float, new_graphs: int, loaded: int = 0) -> bool:
         e = self.entry
         e.runs += 1
         if not new_graphs:
@@ -237,7 +238,10 @@ class CompiledModel:
         e.graphs += new_graphs
         e.compile_seconds += seconds
         what = "compiled" if e.graphs == new_graphs else "recompiled"
-        log.info("%s %s: %d graph(s) in %.1f s", what, self.description, new_graphs, seconds)
+        if loaded == new_graphs:
+            log.info("loaded %s: %d saved region(s), no trace, in %.1f s", self.description, loaded, seconds)
+        else:
+            log.info("%s %s: %d graph(s) in %.1f s", what, self.description, new_graphs, seconds)
         return True
 
 

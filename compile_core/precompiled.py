@@ -32,10 +32,11 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import hashlib
-import importlib
 import io
 import json
 import os
+import re
+import sys
 import types
 from pathlib import Path
 from typing import Callable
@@ -45,14 +46,18 @@ from torch import nn
 
 from . import log
 
-DIRNAME = "tcs_precompiled"   # inside the entry's inductor dir (persisted and shared with it)
+DIRNAME = "tcs_saved_regions"  # inside the entry's inductor dir (persisted and shared with it)
 MODES = ("default", "max-autotune-no-cudagraphs")
 _ROOT_GLOBALS = nn.Module._call_impl.__globals__  # the traced frame is Module._call_impl
 
 
+OFF_ENV = "TORCH_COMPILE_SPEED_SAVED_REGIONS"  # operator: "0" turns this module off
+
+
 def supported(settings, regional: bool) -> bool:
     return (regional and settings.backend == "inductor" and settings.mode in MODES
-            and hasattr(torch.compiler, "load_compiled_function"))
+            and hasattr(torch.compiler, "load_compiled_function")
+            and os.environ.get(OFF_ENV, "1").strip().lower() not in ("0", "off", "false", "no"))
 
 
 def region_key(module: nn.Module) -> str:
@@ -76,20 +81,48 @@ _KEYS: dict[tuple, str] = {}
 
 # --------------------------------------------------------------------- global checks
 
-class _Globals(dict):
-    """What dynamo's global guard names (``G['...']``) refer to, looked up in this process."""
+_NAME = re.compile(r"G\['([A-Za-z_][A-Za-z0-9_]*)'\]")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\['([A-Za-z_][A-Za-z0-9_]*)'\]|\[([0-9]+)\]")
 
-    def __init__(self, fn_globals: dict):
-        super().__init__(fn_globals)
 
-    def __missing__(self, name: str):
-        if name.startswith("__builtins_dict___"):
-            return builtins.__dict__
-        if name in _ROOT_GLOBALS:
-            return _ROOT_GLOBALS[name]
-        if name.startswith("__import_"):
-            return importlib.import_module(name[len("__import_"):].replace("_dot_", "."))
-        raise KeyError(name)
+def parse(name: str) -> tuple[str, list[tuple[str, object]]] | None:
+    """Dynamo's global guard name (``G['x'].a['b'][0]``) as (root, steps), or None when it is
+    anything else. Names come from saved files, which may come from the fleet's store: they
+    are walked with getattr/getitem, never evaluated."""
+    m = _NAME.match(name)
+    if not m:
+        return None
+    steps, pos = [], m.end()
+    while pos < len(name):
+        step = _STEP.match(name, pos)
+        if not step:
+            return None
+        attr, key, index = step.groups()
+        steps.append(("attr", attr) if attr else ("item", key if key is not None else int(index)))
+        pos = step.end()
+    return m.group(1), steps
+
+
+def _root(name: str, fn_globals: dict):
+    """What a guard's ``G['name']`` is in this process: the traced function's globals, then
+    the globals of ``Module._call_impl`` (its frame), builtins, and already imported modules."""
+    if name in fn_globals:
+        return fn_globals[name]
+    if name in _ROOT_GLOBALS:
+        return _ROOT_GLOBALS[name]
+    if name.startswith("__builtins_dict___"):
+        return builtins.__dict__
+    if name.startswith("__import_"):
+        return sys.modules[name[len("__import_"):].replace("_dot_", ".")]
+    raise KeyError(name)
+
+
+def resolve(parsed: tuple[str, list], fn_globals: dict) -> object:
+    root, steps = parsed
+    value = _root(root, fn_globals)
+    for kind, what in steps:
+        value = getattr(value, what) if kind == "attr" else value[what]
+    return value
 
 
 def describe(value: object) -> str:
@@ -126,9 +159,12 @@ class GlobalChecks:
         return checks
 
     def _bind(self, fn_globals: dict) -> None:
-        self._scope = {"G": _Globals(fn_globals), "__builtins__": {}}
-        self._code = [compile(n, "<guard>", "eval") for n in self.names]
-        self._objects = [eval(c, self._scope) for c in self._code]  # noqa: S307 - dynamo's guard names
+        parsed = [parse(n) for n in self.names]
+        bad = [n for n, p in zip(self.names, parsed) if p is None]
+        if bad:
+            raise ValueError(f"unexpected guard name {bad[0]!r}")
+        self._globals, self._parsed = fn_globals, parsed
+        self._objects = [resolve(p, fn_globals) for p in parsed]
         self._sizes = [len(v) if isinstance(v, _CONTAINERS) else None for v in self._objects]
 
     def matches_now(self, fn_globals: dict) -> str:
@@ -144,9 +180,9 @@ class GlobalChecks:
 
     def changed(self) -> str:
         """Cheap per-call check against the objects bound at capture or load; '' when none changed."""
-        for name, code, obj, size in zip(self.names, self._code, self._objects, self._sizes):
+        for name, parsed, obj, size in zip(self.names, self._parsed, self._objects, self._sizes):
             try:
-                now = eval(code, self._scope)  # noqa: S307
+                now = resolve(parsed, self._globals)
             except Exception:  # noqa: BLE001
                 return f"{name} is gone"
             if now is obj:
@@ -241,12 +277,13 @@ class Precompiled:
         self.captured = 0
         self._keys: dict[int, str] = {}
 
-    def begin_run(self, modules: list[nn.Module]) -> None:
-        """Once per model call: key the region modules, and drop regions whose globals changed."""
+    def begin_run(self, modules: list[nn.Module], device: torch.device) -> None:
+        """Once per model call: key the region modules (and the device: the same fingerprint
+        may run on CPU and GPU), and drop regions whose globals changed."""
         self._keys = {}
         for m in modules:
             if id(m) not in self._keys:
-                self._keys[id(m)] = region_key(m)
+                self._keys[id(m)] = f"{region_key(m)}-{device.type}"
         for key, region in list(self.regions.items()):
             why = region.checks.changed()
             if why:
@@ -255,7 +292,7 @@ class Precompiled:
     def _give_up(self, key: str, why: str) -> None:
         self.regions.pop(key, None)
         self.regular.add(key)
-        log.info("precompiled %s not used (%s): the regular torch.compile path runs it", key, why)
+        log.info("saved region %s not used (%s): the regular torch.compile path runs it", key, why)
 
     def call(self, module: nn.Module, args: tuple, kwargs: dict, mark: Callable[[], None],
              regular: Callable):
@@ -276,23 +313,24 @@ class Precompiled:
         region, why = load(self.dir, key)
         if region is not None and region.fn.guard_check(module, *args, **kwargs):
             self.loaded += 1
-            log.info("precompiled %s loaded from %s (no trace)", key, self.dir)
+            log.info("saved region %s loaded from %s (no trace)", key, self.dir)
         else:
             if why:
-                log.info("precompiled %s in %s not used: %s", key, self.dir, why)
+                log.info("saved region %s in %s not used: %s", key, self.dir, why)
             mark()
             try:
                 region = capture(module, args, kwargs, self.compile_kwargs)
             except Exception as exc:  # noqa: BLE001 - graph break, unsaved guard, ...: regular path
                 self.regular.add(key)
-                log.info("precompile of %s not possible (%s: %s): the regular torch.compile path "
+                log.info("AOT compile of %s not possible (%s: %s): the regular torch.compile path "
                          "runs it", key, exc.__class__.__name__, str(exc).splitlines()[0][:200]
                          if str(exc) else "")
                 return None
             self.captured += 1
             try:
                 save(region, self.dir, key)
+                log.info("saved region %s to %s: a restart loads it without a trace", key, self.dir)
             except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run
-                log.info("precompiled %s not saved (%s: %s)", key, exc.__class__.__name__, exc)
+                log.info("region %s not saved (%s: %s)", key, exc.__class__.__name__, exc)
         self.regions[key] = region
         return region

@@ -45,6 +45,8 @@ def test_second_worker_warm_starts_from_redis(tmp_path, tiny_wan_path):
         # first compile found it in its own persistent cache
         assert "shared cache hit" in worker_run.full_log and "persistent cache hit" in log2, log2
         assert "published" not in log2  # nothing new was built
+        # the archive carried worker 1's saved regions: worker 2 ran no dynamo trace at all
+        assert "a restart loads it" in log1 and "saved region(s), no trace" in log2, log2
         # worker 2 had no manifest of its own: it warmed torch from the one worker 1 shared
         assert "manifest from the shared cache" in worker_run.full_log, worker_run.full_log[-3000:]
         print(f"\nworker1 cold {t1:.1f}s, worker2 from redis {t2:.1f}s ({t2 / t1:.2f}x)")
@@ -60,6 +62,7 @@ def test_second_worker_warm_starts_from_shared_directory(tmp_path, tiny_wan_path
     assert "published" in log1 and len(list(shared.glob("*.tcs"))) == 2  # entry + prewarm manifest
     t2, log2 = worker_run(tmp_path, "worker2", tiny_wan_path, str(shared))
     assert "shared cache hit" in worker_run.full_log and "persistent cache hit" in log2, log2
+    assert "saved region(s), no trace" in log2, log2
     print(f"\nworker1 cold {t1:.1f}s, worker2 from directory {t2:.1f}s ({t2 / t1:.2f}x)")
 
 

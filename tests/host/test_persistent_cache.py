@@ -42,5 +42,10 @@ def test_restarted_server_hits_persistent_cache(tmp_path, tiny_wan_path):
     assert len(entries) == 1 and (entries[0] / "meta.json").is_file()
     assert "persistent cache miss" in logs[0]
     assert "persistent cache hit" in logs[1], logs[1]
+    # the first server saved the traced block (compile_core/precompiled.py); the restarted one
+    # loaded it and ran no dynamo trace
+    assert "saved region WanAttentionBlock-" in logs[0] and "a restart loads it" in logs[0], logs[0]
+    assert "loaded from" in logs[1] and "saved region(s), no trace" in logs[1], logs[1]
+    assert list(entries[0].glob("inductor/tcs_saved_regions/WanAttentionBlock-*.bin"))
     print(f"\ncold first compiled run {timings[0]:.1f}s, after restart {timings[1]:.1f}s")
     assert timings[1] < timings[0]

@@ -118,9 +118,12 @@ def test_region_key_follows_every_submodule_class():
     assert precompiled.region_key(a).startswith("Block-")
 
 
-def test_only_regional_inductor_compiles_without_cuda_graphs_use_it():
+def test_only_regional_inductor_compiles_without_cuda_graphs_use_it(monkeypatch):
     s = _settings()
     assert precompiled.supported(s, regional=True)
+    monkeypatch.setenv(precompiled.OFF_ENV, "0")  # the operator's switch
+    assert not precompiled.supported(s, regional=True)
+    monkeypatch.delenv(precompiled.OFF_ENV)
     assert not precompiled.supported(s, regional=False)
     for kw in ({"backend": "aot_eager"}, {"mode": "reduce-overhead"}, {"mode": "max-autotune"}):
         args = build_compile_args(**{"backend": "inductor", "mode": "default", **kw})
@@ -155,6 +158,22 @@ def test_global_checks_notice_a_replaced_function_a_grown_dict_and_a_new_constan
     monkeypatch.setattr(tiny, "LIMIT", 4, raising=False)
     assert precompiled.GlobalChecks(names, checks.described).matches_now({}) == ""
     assert "is gone" in precompiled.GlobalChecks(["G['no_such_name']"], ["x"]).matches_now({})
+
+
+@pytest.mark.parametrize("name", ["__import__('os').system('true')", "G['x'].a; import os",
+                                  "G['x'](1)", "G[x]", "G['x'].__class__ if 1 else 0", "G['x']['a' + 'b']"])
+def test_guard_names_from_a_file_are_walked_never_evaluated(name, tmp_path):
+    assert precompiled.parse(name) is None
+    assert "unexpected guard name" in precompiled.GlobalChecks([name], ["x"]).matches_now({})
+
+
+def test_guard_names_dynamo_writes_are_understood():
+    assert precompiled.parse("G['__builtins_dict___0']['len']") == (
+        "__builtins_dict___0", [("item", "len")])
+    assert precompiled.parse("G['torch'].nn.functional") == ("torch", [("attr", "nn"), ("attr", "functional")])
+    assert precompiled.parse("G['hooks'][0].fn") == ("hooks", [("item", 0), ("attr", "fn")])
+    assert precompiled.resolve(precompiled.parse("G['__builtins_dict___0']['len']"), {}) is len
+    assert precompiled.resolve(precompiled.parse("G['torch'].nn.functional"), {}) is torch.nn.functional
 
 
 def test_load_refuses_another_torch_or_region_and_never_raises(tmp_path):
