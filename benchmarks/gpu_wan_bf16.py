@@ -221,12 +221,15 @@ def worker(args) -> dict:
     elif args.worker in ("ours-regional", "ours-whole"):
         sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
         from compile_core import engine
+        from compile_core.persist import PersistentCache
         from compile_core.settings import CompileSettings, build_compile_args
         settings = CompileSettings.from_args(build_compile_args(
             backend=args.backend, mode=args.mode,
             compile_transformer_blocks_only=args.worker == "ours-regional"))
         t0 = time.perf_counter()
-        cm = engine.prepare(model, settings)
+        # the pack's persistent cache, as ComfyUI runs it (the root comes from the env below),
+        # so the restart pass loads the saved regions (compile_core/precompiled.py)
+        cm = engine.prepare(model, settings, persistent=PersistentCache.default(""))
         info["prepare_s"] = time.perf_counter() - t0
         info["regions"] = cm.description
 
@@ -313,7 +316,7 @@ def run_variant(args, variant: str, cache: Path, out_file: Path, phase: str) -> 
            "--warmup", str(args.warmup), "--iters", str(args.iters), "--backend", args.backend,
            "--mode", args.mode, "--device", args.device, "--dtype", args.dtype]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-           "TRITON_CACHE_DIR": str(cache / "triton"), "TORCH_COMPILE_SPEED_CACHE_DIR": "off"}
+           "TRITON_CACHE_DIR": str(cache / "triton"), "TORCH_COMPILE_SPEED_CACHE_DIR": str(cache / "tcs")}
     t = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -368,7 +371,8 @@ def write_md(res: dict, path: Path) -> None:
             num(med / base if base else None, ".3f"), num(c.get("peak_gb_first_call"), ".2f"),
             num(c.get("peak_gb_steady"), ".2f"), num(r.get("rel_l2_vs_eager"), ".1e")]) + " |")
     L += ["", "First call = compile (dynamo + inductor + Triton autotune/compile) plus one forward; "
-          "'after restart' is a new process with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR. "
+          "'after restart' is a new process with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR "
+          "(and, for ours, the same persistent cache with its saved regions). "
           "Steady = CUDA-event time of one forward after warm-up. ours-regional is "
           "`compile_core.engine.prepare` + `CompiledModel.run` (blocks only, shape policy auto); "
           "torch-compile-whole is plain `torch.compile(model)`."]
