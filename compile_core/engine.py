@@ -5,7 +5,9 @@
 call: it attaches the compiled callable to the region modules (``_compiled_call_impl``, the
 hook ``nn.Module.compile()`` uses, so state_dict keys stay clean), applies the scoped
 knobs, and detaches everything afterwards, so the shared model is untouched between calls.
-A compile failure is reported once and the call (and later ones) run eagerly.
+A compile failure is reported once and the call (and later ones) run eagerly. With the
+persistent cache on, regions go through ``precompiled`` first: saved regions that a restarted
+process loads without a dynamo trace.
 """
 from __future__ import annotations
 
