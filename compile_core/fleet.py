@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from . import log
+from .persist import write_atomic
 
 STORE_ENV = "TORCH_COMPILE_SPEED_SHARED_CACHE"
 MAX_MB_ENV = "TORCH_COMPILE_SPEED_SHARED_MAX_MB"
@@ -175,9 +176,7 @@ class DirStore:
 
     def put(self, key: str, blob: bytes) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{key}.{os.getpid()}.tmp"
-        tmp.write_bytes(blob)
-        os.replace(tmp, self.root / f"{key}.tcs")
+        write_atomic(self.root / f"{key}.tcs", blob)
 
 
 class RedisStore:

@@ -29,6 +29,18 @@ META = "meta.json"
 WRITING_GRACE_S = 60.0  # a .so younger than this may still be being written by another process
 
 
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all: a process-unique temp file beside it, then a rename,
+    so concurrent writers and readers (processes sharing the cache) never see half a file.
+    The temp name ends in ``.tmp``, which the fleet archive skips."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def shared_object_problem(path: Path) -> str:
     """'' when a compiled ``.so`` looks whole: ELF magic, and the section header table (which
     the linker writes last) inside the file. Cheap: reads 64 bytes. Linux only ('' elsewhere)."""
@@ -149,9 +161,7 @@ class PersistentCache:
     def mark_complete(self, fingerprint: str, info: dict) -> None:
         d = self.entry_dir(fingerprint)
         meta = {"fingerprint": fingerprint, "torch": torch.__version__, "saved": time.time(), **info}
-        tmp = d / (META + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, d / META)
+        write_atomic(d / META, json.dumps(meta, indent=1))
 
     def touch(self, fingerprint: str) -> None:
         d = self.entry_dir(fingerprint)

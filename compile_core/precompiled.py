@@ -45,13 +45,12 @@ import torch
 from torch import nn
 
 from . import log
+from .persist import write_atomic
 
 DIRNAME = "tcs_saved_regions"  # inside the entry's inductor dir (persisted and shared with it)
 MODES = ("default", "max-autotune-no-cudagraphs")
-_ROOT_GLOBALS = nn.Module._call_impl.__globals__  # the traced frame is Module._call_impl
-
-
 OFF_ENV = "TORCH_COMPILE_SPEED_SAVED_REGIONS"  # operator: "0" turns this module off
+_ROOT_GLOBALS = nn.Module._call_impl.__globals__  # the traced frame is Module._call_impl
 
 
 def supported(settings, regional: bool) -> bool:
@@ -239,10 +238,8 @@ def save(region: _Region, path: Path, key: str) -> None:
     data = type(region.fn).serialize(region.fn).serialized_data
     meta = {"region": key, "torch": torch.__version__, "globals": region.checks.names,
             "described": region.checks.described}
-    for name, blob in ((f"{key}.bin", data), (f"{key}.json", json.dumps(meta).encode())):
-        tmp = path / f".{name}.{os.getpid()}.tmp"
-        tmp.write_bytes(blob)
-        os.replace(tmp, path / name)
+    write_atomic(path / f"{key}.bin", data)
+    write_atomic(path / f"{key}.json", json.dumps(meta))
 
 
 def load(path: Path, key: str) -> tuple[_Region | None, str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import log
+from .persist import write_atomic
 
 ENV = "TORCH_COMPILE_SPEED_PREWARM"
 MANIFEST = "prewarm.json"
@@ -102,9 +103,7 @@ def record(root: Path, modules: list[str], files: list[str], isa_dir: str | None
         return None
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f"{MANIFEST}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(data, indent=0))
-        os.replace(tmp, root / MANIFEST)
+        write_atomic(root / MANIFEST, json.dumps(data, indent=0))
     except OSError as exc:
         log.warn_once("prewarm-record", "could not save the prewarm manifest in %s: %s", root, exc)
     return data

@@ -133,7 +133,8 @@ def test_mark_complete_then_is_complete(tmp_path):
     meta = cache.read_meta("fp")
     assert meta["fingerprint"] == "fp" and meta["regions"] == "Block x2"
     assert meta["torch"] == torch.__version__
-    assert not (cache.entry_dir("fp") / (META + ".tmp")).exists()
+    # written whole through a temp file, which is gone afterwards
+    assert sorted(p.name for p in cache.entry_dir("fp").iterdir()) == [META]
 
 
 @pytest.mark.parametrize("content", [b"\x00\xff garbage", b"", b"[1, 2]", b'{"fingerprint": "other"}'])
