@@ -61,3 +61,8 @@ def tiny_wan_path():
 def tiny_wan(tiny_wan_path):
     """UNETLoader name of the 2-layer dim-256 tiny WAN (linked into every host's models)."""
     return tiny_wan_path.name
+
+
+def pytest_report_header(config):
+    from harness import COMFY_DIR, HOST_VERSION
+    return f"ComfyUI host: {HOST_VERSION} ({COMFY_DIR}); set TCS_COMFY_HOST to test another"

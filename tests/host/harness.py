@@ -1,8 +1,12 @@
 """Real-ComfyUI test harness: a tiny WAN model, a ComfyUI server process, workflow builders.
 
-No pytest here; ``conftest.py`` wraps it in fixtures. The server is the ComfyUI copy made by
-``scripts/bootstrap.sh`` (``.host/comfyui``), run on CPU with this pack and the test-only node
-pack ``tcs_test_nodes`` symlinked into its ``custom_nodes``.
+No pytest here; ``conftest.py`` wraps it in fixtures. The server is a ComfyUI copy made by
+``scripts/bootstrap.sh``, run on CPU with this pack and the test-only node pack
+``tcs_test_nodes`` symlinked into its ``custom_nodes``.
+
+Which ComfyUI: ``TCS_COMFY_HOST`` names a host that bootstrap made (``0.33.0``, the default,
+or ``0.3.75``: ``.host/comfyui-<name>``) or any ComfyUI folder. A ``tcs_host.json`` in that
+folder may give its ``version`` and a ``front_end_root`` (0.3.75 runs its own frontend).
 """
 from __future__ import annotations
 
@@ -22,8 +26,39 @@ from pathlib import Path
 import requests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-COMFY_DIR = REPO_ROOT / ".host" / "comfyui"
-MODEL_CACHE = REPO_ROOT / ".host" / "models"
+HOST_ENV = "TCS_COMFY_HOST"
+DEFAULT_HOST = "0.33.0"
+
+
+def resolve_host(name: str | None = None) -> Path:
+    """The ComfyUI folder for a host name (``0.33.0``, ``0.3.75``) or a folder path."""
+    name = name or os.environ.get(HOST_ENV, "").strip() or DEFAULT_HOST
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        path = REPO_ROOT / ".host" / f"comfyui-{name}"
+    return path.resolve()
+
+
+def host_config(comfy_dir: Path) -> dict:
+    """``tcs_host.json`` of a host folder (written by bootstrap), with ``version`` always set."""
+    try:
+        cfg = json.loads((comfy_dir / "tcs_host.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    if "version" not in cfg:
+        try:
+            text = (comfy_dir / "comfyui_version.py").read_text()
+            cfg["version"] = text.split('"')[1]
+        except (OSError, IndexError):
+            cfg["version"] = comfy_dir.name
+    return cfg
+
+
+COMFY_DIR = resolve_host()
+HOST_CONFIG = host_config(COMFY_DIR)
+HOST_VERSION = HOST_CONFIG["version"]
+# models are built with the host's own classes, so each host gets its own copies
+MODEL_CACHE = REPO_ROOT / ".host" / "models" / HOST_VERSION
 TEST_NODES_DIR = Path(__file__).resolve().parent / "tcs_test_nodes"
 PACK_NAME = "TorchCompileSpeed"
 _VENV_PY = REPO_ROOT / ".venv" / "bin" / "python"
@@ -200,6 +235,8 @@ class ComfyHost:
                      "--disable-auto-launch"]
         if cross_attention:
             self.args.append("--use-pytorch-cross-attention")
+        if HOST_CONFIG.get("front_end_root"):
+            self.args += ["--front-end-root", HOST_CONFIG["front_end_root"]]
         self.args += list(extra_args)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(omp_threads)}
         self.env.update(env or {})
@@ -398,6 +435,10 @@ SETTINGS_DEFAULTS = {
     "shape_policy": "auto",
     "declared_shapes": "",
 }
+
+# What a user gets: the settings node left at its defaults (``speed``: inductor,
+# max-autotune-no-cudagraphs). Tests that show a headline feature use this.
+NODE_DEFAULTS = {"mode": "speed"}
 
 _nonce = itertools.count(int(time.time() * 1000) % 1_000_000_000)
 

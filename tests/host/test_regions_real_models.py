@@ -1,4 +1,5 @@
-"""Regional compile on the REAL ComfyUI model classes (vendored ComfyUI under ``.host/comfyui``).
+"""Regional compile on the REAL ComfyUI model classes of the selected host (``TCS_COMFY_HOST``, see
+``harness.resolve_host``: ``.host/comfyui-0.33.0`` by default, or ``.host/comfyui-0.3.75``).
 
 ``regions/build_tiny_models.py`` runs in a subprocess (importing ``comfy`` parses argv and sets
 global state): it builds each family's model class with a tiny config, prints
@@ -9,18 +10,16 @@ and through ``engine.prepare(...).run(...)`` with the ``aot_eager`` backend. No 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from harness import COMFY_DIR, HOST_ENV, HOST_VERSION, PYTHON  # the host TCS_COMFY_HOST selects
+
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parents[1]
 SCRIPT = HERE / "regions" / "build_tiny_models.py"
-COMFY_DIR = REPO_ROOT / ".host" / "comfyui"
-_VENV_PY = REPO_ROOT / ".venv" / "bin" / "python"
-PYTHON = str(_VENV_PY) if _VENV_PY.exists() else sys.executable
 
 
 def _blocks(attr, n):
@@ -79,9 +78,11 @@ RUN = tuple(GRAPHS)
 @pytest.fixture(scope="module")
 def results():
     if not (COMFY_DIR / "comfy").is_dir():
-        pytest.skip(f"vendored ComfyUI not found at {COMFY_DIR} (run scripts/bootstrap.sh)")
+        pytest.skip(f"ComfyUI host {HOST_VERSION} not found at {COMFY_DIR} (run scripts/bootstrap.sh)")
+    # the script resolves its host the same way; pass the folder so both use the very same one
+    env = {**os.environ, HOST_ENV: str(COMFY_DIR)}
     proc = subprocess.run([PYTHON, str(SCRIPT), "--cases", ",".join([*PLANS, UNKNOWN]), "--run", ",".join(RUN)],
-                          cwd=COMFY_DIR, capture_output=True, text=True, timeout=300)
+                          cwd=COMFY_DIR, env=env, capture_output=True, text=True, timeout=300)
     out = {}
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
@@ -90,7 +91,7 @@ def results():
     errors = {k: v.get("traceback") or v["error"] for k, v in out.items() if "error" in v}
     missing = sorted({*PLANS, UNKNOWN} - set(out))
     assert not errors and not missing and proc.returncode == 0, (
-        f"rc={proc.returncode}\nerrors={errors}\nmissing={missing}\nstderr tail:\n{proc.stderr[-4000:]}")
+        f"host={HOST_VERSION} ({COMFY_DIR})\nrc={proc.returncode}\nerrors={errors}\nmissing={missing}\nstderr tail:\n{proc.stderr[-4000:]}")
     return out
 
 

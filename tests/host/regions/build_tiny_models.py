@@ -3,9 +3,10 @@
 Run by ``tests/host/test_regions_real_models.py`` in a subprocess (ComfyUI's ``comfy`` package
 parses ``sys.argv`` on import, so it is kept out of the pytest process)::
 
-    .venv/bin/python tests/host/regions/build_tiny_models.py [--cases wan,flux] [--run wan] [--policy static]
+    [TCS_COMFY_HOST=0.3.75] .venv/bin/python tests/host/regions/build_tiny_models.py [--cases wan,flux] [--run wan] [--policy static]
 
-For every case it instantiates the real model class from the vendored ComfyUI (tiny config,
+The ComfyUI is the host ``TCS_COMFY_HOST`` selects (``harness.resolve_host``; ``0.33.0`` by default).
+For every case it instantiates the real model class from that ComfyUI (tiny config,
 ``comfy.ops.disable_weight_init``, on the ``meta`` device) and calls
 ``compile_core.regions.plan_regions(model, blocks_only=True)``. It then counts, in a forward pass of
 the same tiny model on CPU, how often each planned region is entered through ``nn.Module.__call__``:
@@ -29,7 +30,12 @@ import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-COMFY_DIR = REPO / ".host" / "comfyui"
+HOST_DIR = REPO / "tests" / "host"
+if str(HOST_DIR) not in sys.path:
+    sys.path.insert(0, str(HOST_DIR))
+from harness import resolve_host  # noqa: E402 - TCS_COMFY_HOST picks the ComfyUI, as for every host test
+
+COMFY_DIR = resolve_host()
 
 RUN_CASES = ("wan", "vace_wan", "flux", "chroma", "hunyuan_video", "ltxv", "qwen_image", "unet_sd15",
              "unknown_aura")
@@ -45,6 +51,19 @@ RUN_POLICY = {"unet_sd15": "static", "unet_sdxl": "static"}
 def _ops():
     import comfy.ops
     return comfy.ops.disable_weight_init
+
+
+def _host_params(params_cls, **optional):
+    """The ``optional`` config keys that this host's ``params_cls`` dataclass has as fields.
+
+    Flux/Chroma/HunyuanVideo pass their constructor ``**kwargs`` straight into a params dataclass
+    whose required fields grow between ComfyUI versions (0.33 added ``txt_ids_dims``, Chroma's
+    ``vec_in_dim``, HunyuanVideo's ``meanflow_sum``); an unknown key would raise, a missing one too.
+    The values given are what ``comfy.model_detection`` sets for the plain model of each family.
+    """
+    import dataclasses
+    names = {f.name for f in dataclasses.fields(params_cls)}
+    return {k: v for k, v in optional.items() if k in names}
 
 
 def build_wan(device):
@@ -73,10 +92,11 @@ def inputs_vace_wan(device):
 
 
 def build_flux(device):
-    from comfy.ldm.flux.model import Flux
+    from comfy.ldm.flux.model import Flux, FluxParams
     return Flux(in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=64,
                 mlp_ratio=2.0, num_heads=2, depth=2, depth_single_blocks=2, axes_dim=[8, 12, 12],
                 theta=10000, patch_size=2, qkv_bias=True, guidance_embed=False,
+                **_host_params(FluxParams, txt_ids_dims=[]),  # 0.33+: Flux.1 keeps txt ids at zero
                 device=device, operations=_ops())
 
 
@@ -87,10 +107,11 @@ def inputs_flux(device):
 
 
 def build_chroma(device):
-    from comfy.ldm.chroma.model import Chroma
+    from comfy.ldm.chroma.model import Chroma, ChromaParams
     return Chroma(in_channels=64, out_channels=64, context_in_dim=32, hidden_size=64, mlp_ratio=2.0,
                   num_heads=2, depth=2, depth_single_blocks=2, axes_dim=[8, 12, 12], theta=10000,
                   patch_size=2, qkv_bias=True, in_dim=64, out_dim=64, hidden_dim=64, n_layers=1,
+                  **_host_params(ChromaParams, txt_ids_dims=[], vec_in_dim=None),  # 0.33+: no vector_in
                   device=device, operations=_ops())
 
 
@@ -101,11 +122,12 @@ def inputs_chroma(device):
 
 
 def build_hunyuan_video(device):
-    from comfy.ldm.hunyuan_video.model import HunyuanVideo
+    from comfy.ldm.hunyuan_video.model import HunyuanVideo, HunyuanVideoParams
     return HunyuanVideo(in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=64,
                         mlp_ratio=2.0, num_heads=2, depth=2, depth_single_blocks=2, axes_dim=[8, 12, 12],
                         theta=256, patch_size=[1, 2, 2], qkv_bias=True, guidance_embed=False, byt5=False,
                         meanflow=False, use_cond_type_embedding=False, vision_in_dim=None,
+                        **_host_params(HunyuanVideoParams, meanflow_sum=False),  # 0.33+
                         device=device, operations=_ops())
 
 
