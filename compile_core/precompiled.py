@@ -80,7 +80,9 @@ _KEYS: dict[tuple, str] = {}
 
 # --------------------------------------------------------------------- global checks
 
-_NAME = re.compile(r"G\['([A-Za-z_][A-Za-z0-9_]*)'\]")
+# a root may hold '-': dynamo names another pack's module after its folder
+# (``G['__import_ComfyUI-GGUF_dot_dequant']``); it is looked up, never evaluated
+_NAME = re.compile(r"G\['([A-Za-z_][A-Za-z0-9_\-]*)'\]")
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\['([A-Za-z_][A-Za-z0-9_]*)'\]|\[([0-9]+)\]")
 
 
@@ -204,31 +206,89 @@ class _Region:
     checks: GlobalChecks
 
 
-def _keep_guard(dropped: set[str]) -> Callable:
+def _keep_guard(dropped: set[str], unchecked: set[str]) -> Callable:
+    """torch's guard filter for the AOT trace: which guards to save. Globals go to ``dropped``
+    (replaced by ``GlobalChecks``); type guards on nested classes, and guards that reach a class
+    through ``type()``, are covered by ``region_key``; any other guard torch cannot save (the
+    identity of a callable passed in ``transformer_options``, a closure's contents) goes to
+    ``unchecked``: nothing would replace it, so such a region never takes the fast path."""
     from torch._dynamo.guards import CheckFunctionManager
     unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+
+    def nested_type(g) -> bool:
+        if g.guard_type not in ("TYPE_MATCH", "BUILTIN_MATCH") or not g.has_value:
+            return False
+        return type(g.value).__qualname__ != type(g.value).__name__
 
     def keep(entries):
         out = []
         for g in entries:
+            covered = nested_type(g) or "__mro__" in g.name or "type(" in g.name
             if g.is_global:
                 dropped.add(g.name)
-            ok = not (g.is_global or g.guard_type in unsaved or "__mro__" in g.name or "type(" in g.name)
-            if ok and g.guard_type in ("TYPE_MATCH", "BUILTIN_MATCH") and g.has_value:
-                t = type(g.value)
-                ok = t.__qualname__ == t.__name__  # nested classes: covered by region_key
-            out.append(ok)
+            elif g.guard_type in unsaved and not covered:
+                unchecked.add(f"{g.name} ({g.guard_type})")
+            out.append(not (g.is_global or covered or g.guard_type in unsaved))
         return out
     return keep
 
 
+class _ValuePickler:
+    """While tracing for the AOT API, pickle torch's dtype/layout/memory-format singletons by
+    value. torch's guard pickler marks every unguarded plain attribute of a module as missing
+    *by id*; ComfyUI 0.12+ stores ``<param>_comfy_model_dtype = torch.float32`` on modules, so
+    without this every tensor dtype in the saved guards became ``_Missing`` and no saved region
+    could be loaded (``empty_strided(): argument 'dtype' must be torch.dtype``). The method is
+    swapped on torch's own class (a subclass would be pickled by name into the file)."""
+    _SINGLETONS = (torch.dtype, torch.layout, torch.memory_format)
+
+    def __enter__(self):
+        import torch._dynamo.guards as guards
+        self._cls = getattr(guards, "GuardsStatePickler", None)
+        if self._cls is not None:
+            singletons, orig = self._SINGLETONS, self._cls.reducer_override
+
+            def reducer_override(pickler, obj):
+                if isinstance(obj, singletons):
+                    return NotImplemented  # torch.float32 etc. pickle by name
+                return orig(pickler, obj)
+
+            self._orig = orig
+            self._cls.reducer_override = reducer_override
+        return self
+
+    def __exit__(self, *exc):
+        if self._cls is not None:
+            self._cls.reducer_override = self._orig
+
+
+class NotSaveable(RuntimeError):
+    """A traced region relies on a guard that neither torch nor our checks can carry."""
+
+
+def mode_options(mode: str | None, dynamic: bool | None) -> dict:
+    """A torch mode as the inductor options it stands for: ``torch.compile`` takes a mode or
+    options, never both, and the trace needs options (the guard filter)."""
+    if not mode or mode == "default":
+        return {}
+    from torch._inductor import list_mode_options
+    return dict(list_mode_options(mode, dynamic))
+
+
 def capture(module: nn.Module, args: tuple, kwargs: dict, compile_kwargs: dict) -> _Region:
-    """Trace and compile one region call with torch's AOT API (raises when it cannot)."""
+    """Trace and compile one region call with torch's AOT API (raises when it cannot, or when
+    the trace relies on a guard that nothing would check on the fast path)."""
     dropped: set[str] = set()
-    kw = {k: v for k, v in compile_kwargs.items() if k in ("backend", "mode", "dynamic")}
-    compiled = torch.compile(nn.Module._call_impl, fullgraph=True,
-                             options={"guard_filter_fn": _keep_guard(dropped)}, **kw)
-    fn = compiled.aot_compile(((module, *args), kwargs))
+    unchecked: set[str] = set()
+    kw = {k: v for k, v in compile_kwargs.items() if k in ("backend", "dynamic")}
+    options = {**mode_options(compile_kwargs.get("mode"), kw.get("dynamic")),
+               "guard_filter_fn": _keep_guard(dropped, unchecked)}
+    compiled = torch.compile(nn.Module._call_impl, fullgraph=True, options=options, **kw)
+    with _ValuePickler():
+        fn = compiled.aot_compile(((module, *args), kwargs))
+    if unchecked:
+        raise NotSaveable(f"it relies on {sorted(unchecked)[0]}, which torch cannot save "
+                          "and the pack does not check")
     return _Region(fn, GlobalChecks.capture(sorted(dropped), fn.fn.__globals__))
 
 
@@ -262,17 +322,28 @@ def load(path: Path, key: str) -> tuple[_Region | None, str]:
     return _Region(fn, checks), ""
 
 
+def _unmarked(values) -> tuple:
+    """The same tensors without the dynamic-dim marks the shape policy put on them (a loaded
+    function rejects marked inputs): new tensor objects over the same memory."""
+    return tuple(v.detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+                 for v in values)
+
+
 class Precompiled:
-    """The fast path of one compiled entry: per region key, a saved or captured function."""
+    """The fast path of one compiled entry: per region key, the saved or captured functions
+    (variants: torch's saved guards also pin what a call brings besides its sizes, e.g. the
+    parameters' ``requires_grad``, which ComfyUI clears on weights a LoRA patched)."""
+    VARIANTS = 4  # per region key; a call none of them accepts then takes the regular path
 
     def __init__(self, directory: Path, compile_kwargs: dict):
         self.dir = directory
         self.compile_kwargs = compile_kwargs
-        self.regions: dict[str, _Region] = {}
+        self.regions: dict[str, list[_Region]] = {}
         self.regular: set[str] = set()  # keys that use the regular torch.compile path here
-        self.loaded = 0                 # regions loaded from disk in this process
+        self.loaded = 0                 # regions loaded from disk in this process (and used)
         self.captured = 0
         self._keys: dict[int, str] = {}
+        self._unused: dict[str, list[_Region]] = {}  # loaded from disk, no call accepted yet
 
     def begin_run(self, modules: list[nn.Module], device: torch.device) -> None:
         """Once per model call: key the region modules (and the device: the same fingerprint
@@ -281,13 +352,14 @@ class Precompiled:
         for m in modules:
             if id(m) not in self._keys:
                 self._keys[id(m)] = f"{region_key(m)}-{device.type}"
-        for key, region in list(self.regions.items()):
-            why = region.checks.changed()
+        for key, variants in list(self.regions.items()):
+            why = next((w for w in (r.checks.changed() for r in variants) if w), "")
             if why:
                 self._give_up(key, f"{why} since it was traced")
 
     def _give_up(self, key: str, why: str) -> None:
         self.regions.pop(key, None)
+        self._unused.pop(key, None)
         self.regular.add(key)
         log.info("saved region %s not used (%s): the regular torch.compile path runs it", key, why)
 
@@ -295,39 +367,89 @@ class Precompiled:
              regular: Callable):
         """Run one region call on the fast path when it applies, else ``mark()`` + ``regular``."""
         key = self._keys.get(id(module))
-        region = self.regions.get(key) if key else None
-        if region is not None:
-            if region.fn.guard_check(module, *args, **kwargs):
-                return region.fn.fn(module, *args, **kwargs)
-        elif key and key not in self.regular:
-            region = self._load_or_capture(key, module, args, kwargs, mark)
+        if key and key not in self.regular:
+            region = self._find(key, module, args, kwargs) or self._capture(key, module, args, kwargs, mark)
             if region is not None:
                 return region.fn.fn(module, *args, **kwargs)
         mark()
         return regular(module, *args, **kwargs)
 
-    def _load_or_capture(self, key, module, args, kwargs, mark) -> _Region | None:
-        region, why = load(self.dir, key)
-        if region is not None and region.fn.guard_check(module, *args, **kwargs):
-            self.loaded += 1
-            log.info("saved region %s loaded from %s (no trace)", key, self.dir)
-        else:
+    def _find(self, key, module, args, kwargs) -> _Region | None:
+        """The first variant whose guards accept this call (loading the saved ones once)."""
+        variants = self.regions.get(key)
+        if variants is None:
+            variants = self.regions[key] = []
+            self._unused[key] = self._load_saved(key)
+        for region in variants:
+            if region.fn.guard_check(module, *args, **kwargs):
+                return region
+        for region in self._unused.get(key, ()):
+            if region.fn.guard_check(module, *args, **kwargs):
+                self._unused[key].remove(region)
+                variants.append(region)
+                self.loaded += 1
+                log.info("saved region %s loaded from %s (no trace)", key, self.dir)
+                return region
+        return None
+
+    def _load_saved(self, key: str) -> list[_Region]:
+        out = []
+        for n in range(self.VARIANTS):
+            region, why = load(self.dir, _variant_name(key, n))
             if why:
-                log.info("saved region %s in %s not used: %s", key, self.dir, why)
-            mark()
-            try:
-                region = capture(module, args, kwargs, self.compile_kwargs)
-            except Exception as exc:  # noqa: BLE001 - graph break, unsaved guard, ...: regular path
-                self.regular.add(key)
-                log.info("AOT compile of %s not possible (%s: %s): the regular torch.compile path "
-                         "runs it", key, exc.__class__.__name__, str(exc).splitlines()[0][:200]
-                         if str(exc) else "")
-                return None
-            self.captured += 1
-            try:
-                save(region, self.dir, key)
-                log.info("saved region %s to %s: a restart loads it without a trace", key, self.dir)
-            except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run
-                log.info("region %s not saved (%s: %s)", key, exc.__class__.__name__, exc)
-        self.regions[key] = region
+                log.info("saved region %s in %s not used: %s", _variant_name(key, n), self.dir, why)
+            if region is not None:
+                out.append(region)
+        return out
+
+    def _capture(self, key, module, args, kwargs, mark) -> _Region | None:
+        """Trace a new variant for a call no variant accepts (saved next to the others)."""
+        variants = self.regions[key]
+        taken = len(variants) + len(self._unused.get(key, ()))
+        if taken >= self.VARIANTS:
+            log.info_once(f"variants:{self.dir}:{key}", "saved region %s: none of its %d variants "
+                          "accepts this call; the regular torch.compile path runs it", key, taken)
+            return None
+        if taken:
+            log.info("saved region %s: torch's guards reject this call for the %d saved variant(s) "
+                     "(e.g. parameters' requires_grad or dtype differ); tracing another", key, taken)
+        mark()
+        try:
+            region = capture(module, args, kwargs, self.compile_kwargs)
+        except Exception as exc:  # noqa: BLE001 - graph break, unsaved guard, ...: regular path
+            self.regular.add(key)
+            log.info("AOT compile of %s not possible (%s: %s): the regular torch.compile path "
+                     "runs it", key, exc.__class__.__name__, str(exc).splitlines()[0][:200]
+                     if str(exc) else "")
+            return None
+        self.captured += 1
+        name = _variant_name(key, self._free_slot(key))
+        self._save_checked(region, name, module, args, kwargs)
+        variants.append(region)
         return region
+
+    def _free_slot(self, key: str) -> int:
+        return next((n for n in range(self.VARIANTS)
+                     if not (self.dir / f"{_variant_name(key, n)}.bin").exists()), 0)
+
+    def _save_checked(self, region: _Region, key: str, module, args, kwargs) -> None:
+        """Save, then load the file back and check it accepts this very call: a file that a
+        restart could not use (torch pickled something it cannot restore) is not kept."""
+        try:
+            save(region, self.dir, key)
+            back, why = load(self.dir, key)
+            args, kwargs = _unmarked(args), {k: v for k, v in zip(kwargs, _unmarked(kwargs.values()))}
+            if back is not None and not back.fn.guard_check(module, *args, **kwargs):
+                why = "torch's saved guards reject the call it was traced for"
+            if back is None or why:
+                for suffix in (".bin", ".json"):
+                    (self.dir / f"{key}{suffix}").unlink(missing_ok=True)
+                log.info("region %s not saved: loaded back, %s", key, why or "it could not be read")
+                return
+            log.info("saved region %s to %s: a restart loads it without a trace", key, self.dir)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run
+            log.info("region %s not saved (%s: %s)", key, exc.__class__.__name__, exc)
+
+
+def _variant_name(key: str, n: int) -> str:
+    return key if n == 0 else f"{key}~{n}"

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "host"))
-from harness import ComfyHost, make_tiny_wan, wan_t2v_prompt  # noqa: E402
+from harness import HOST_VERSION, NODE_DEFAULTS, ComfyHost, make_tiny_wan, pack_lines, wan_t2v_prompt  # noqa: E402
 
 
 def timed(host, prompt):
@@ -31,7 +31,7 @@ def main() -> int:
 
     model = make_tiny_wan(num_layers=args.blocks, dim=args.dim)
     name = model.name
-    settings = {"backend": "inductor", "mode": "default", "compile_transformer_blocks_only": True}
+    settings = NODE_DEFAULTS  # the settings node as it comes (mode speed, regional, reuse on)
     with tempfile.TemporaryDirectory(prefix="tcs_demo_") as base:
         print(f"starting ComfyUI (CPU) in {base} ...", flush=True)
         with ComfyHost(base, models=[model]) as host:
@@ -55,8 +55,8 @@ def main() -> int:
     e_steady = min(t for t, _ in eager[1:])
     c_steady = min(t for t, _ in compiled[1:])
     print()
-    print(f"tiny WAN 2.1: {args.blocks} blocks, dim {args.dim}, {args.steps} steps, "
-          f"latent 128x128x5, CPU (timings per prompt over HTTP)")
+    print(f"ComfyUI {HOST_VERSION}, tiny WAN 2.1: {args.blocks} blocks, dim {args.dim}, {args.steps} "
+          f"steps, latent 128x128x5, CPU, settings node defaults (timings per prompt over HTTP)")
     print(f"{'':<44}{'seconds':>9}")
     print(f"{'eager, first run (model load)':<44}{eager[0][0]:>9.2f}")
     print(f"{'eager, steady':<44}{e_steady:>9.3f}")
@@ -69,7 +69,24 @@ def main() -> int:
     for line in log.splitlines():
         if "[TorchCompileSpeed]" in line:
             print("  log:", line.split("[TorchCompileSpeed]", 1)[1].strip())
-    return 0
+    return verdict(log, err)
+
+
+def verdict(log: str, err: float) -> int:
+    """Exit status: 0 only when the regions really compiled (no fallback to eager), the restart
+    loaded the saved regions without a trace, and the output matched eager."""
+    problems = []
+    if pack_lines(log, "runs eagerly") or pack_lines(log, "stays eager"):
+        problems.append("compile fell back to eager")
+    if not pack_lines(log, "compiled WanAttentionBlock"):
+        problems.append("no region was compiled")
+    if not pack_lines(log, "saved region(s), no trace"):
+        problems.append("the restart did not load the saved regions")
+    if err > 1e-3:
+        problems.append(f"output differs from eager (relative L2 {err:.1e})")
+    print("demo " + ("FAILED: " + "; ".join(problems) if problems else "OK: regions compiled, "
+                     "restart loaded them without a trace, output equals eager"))
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import ComfyHost, rel_l2, wan_t2v_prompt
+from harness import NODE_DEFAULTS, ComfyHost, rel_l2, wan_t2v_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from redis_server import RedisServer, free_port  # noqa: E402
 
-INDUCTOR = {"backend": "inductor", "mode": "default"}
+INDUCTOR = NODE_DEFAULTS  # the settings node left as it is (mode speed, inductor)
 
 
 def worker_run(tmp_path, name, model, store, settings=INDUCTOR):

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from harness import ComfyHost, rel_l2, wan_t2v_prompt
+from harness import NODE_DEFAULTS, ComfyHost, rel_l2, wan_t2v_prompt
 
-SETTINGS = {"backend": "inductor", "mode": "default"}
+SETTINGS = NODE_DEFAULTS  # the settings node left as it is
 
 
 @pytest.mark.slow

@@ -12,6 +12,15 @@ def gate(x: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(x)
 
 
+def attention(q, k, v, transformer_options=None):
+    """Like ComfyUI's attention: a patch node may put ``optimized_attention_override`` (a
+    callable taking the default attention function first) into ``transformer_options``."""
+    override = (transformer_options or {}).get("optimized_attention_override")
+    if override is not None:
+        return override(F.scaled_dot_product_attention, q, k, v)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
 class Block(nn.Module):
     def __init__(self, dim: int = 32, heads: int = 2):
         super().__init__()
@@ -21,10 +30,10 @@ class Block(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.ffn = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(approximate="tanh"), nn.Linear(2 * dim, dim))
 
-    def forward(self, x, emb):  # (not WAN's ``e``, whose dim 1 the WAN policy marks dynamic)
+    def forward(self, x, emb, transformer_options=None):  # (not WAN's ``e``: the WAN policy marks its dim 1)
         b, n, d = x.shape
         q, k, v = self.qkv(self.norm(x) * (1 + emb)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
+        a = attention(q, k, v, transformer_options).transpose(1, 2).reshape(b, n, d)
         x = x + gate(emb) * self.proj(a)
         return x + self.ffn(x)
 
@@ -38,17 +47,24 @@ class WanModel(nn.Module):  # the name selects the WAN region plan and shape pol
         self.blocks = nn.ModuleList(Block(dim) for _ in range(n_blocks))
         self.head = nn.Linear(dim, 8)
 
-    def forward(self, x, t):
+    def forward(self, x, t, transformer_options=None):
         h = self.embed(x)
         e = self.time(t[:, None])[:, None, :]
         for block in self.blocks:
-            h = block(h, e)
+            h = block(h, e, transformer_options=transformer_options if transformer_options is not None else {})
         return self.head(h)
 
 
 def build(seed: int = 0) -> WanModel:
+    """The model, with the ``<param>_comfy_model_dtype`` attributes ComfyUI 0.12+ stores on
+    every module (``archive_model_dtypes``): plain attributes no guard reads, which torch's
+    guard pickler used to turn every saved tensor dtype into ``_Missing`` with."""
     torch.manual_seed(seed)
-    return WanModel().eval().requires_grad_(False)
+    model = WanModel().eval().requires_grad_(False)
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            setattr(module, f"{name}_comfy_model_dtype", param.dtype)
+    return model
 
 
 def inputs(batch: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

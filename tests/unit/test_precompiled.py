@@ -33,7 +33,7 @@ CHILD = textwrap.dedent("""
     from compile_core import engine
     from compile_core.persist import PersistentCache
     from compile_core.settings import CompileSettings, build_compile_args
-    settings = CompileSettings.from_args(build_compile_args(backend="inductor", mode="default"))
+    settings = CompileSettings.from_args(build_compile_args(backend="inductor", mode={mode!r}))
     model = tiny.build()
     out = {{"rel": []}}
     with torch.no_grad():
@@ -50,8 +50,8 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _child(cache: Path) -> dict:
-    code = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests" / "unit"), cache=str(cache))
+def _child(cache: Path, mode: str = "speed") -> dict:
+    code = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests" / "unit"), cache=str(cache), mode=mode)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
@@ -63,13 +63,14 @@ def _saved(cache: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_a_second_process_loads_the_region_without_tracing(tmp_path):
+@pytest.mark.parametrize("mode", ["speed", "default"])  # the settings node's default first
+def test_a_second_process_loads_the_region_without_tracing(tmp_path, mode):
     cache = tmp_path / "cache"
-    first = _child(cache)
+    first = _child(cache, mode)
     assert first["captured"] == 1 and first["loaded"] == 0 and first["traced"] == 1, first
     assert first["misses"] >= 1 and not first["regular"]
     assert len(_saved(cache)) == 1
-    second = _child(cache)
+    second = _child(cache, mode)
     # no dynamo trace at all in the second process, for every size, and the same output
     assert second["loaded"] == 1 and second["captured"] == 0 and second["traced"] == 0, second
     assert second["hits"] == 1 and second["misses"] == 0
@@ -79,10 +80,10 @@ def test_a_second_process_loads_the_region_without_tracing(tmp_path):
 
     # a damaged file is ignored (with the reason logged); the region is traced and saved again
     _saved(cache)[0].write_bytes(b"not torch's bytes")
-    third = _child(cache)
+    third = _child(cache, mode)
     assert third["captured"] == 1 and third["loaded"] == 0 and max(third["rel"]) < 1e-5, third
     assert "torch could not load it" in third["log"]
-    assert _child(cache)["loaded"] == 1  # and the fresh copy loads
+    assert _child(cache, mode)["loaded"] == 1  # and the fresh copy loads
 
 
 def _settings():
@@ -104,6 +105,64 @@ def test_a_patched_global_sends_the_region_to_the_regular_path(tmp_path, monkeyp
     assert torch.allclose(got, ref, rtol=1e-4, atol=1e-5)
     assert cm.entry.precompiled.regular, "the region should have left the fast path"
     assert any("was replaced since it was traced" in m for m in pack_log.infos()), pack_log.infos()
+
+
+def _halved(attn, q, k, v):
+    return attn(q, k, v) * 0.5
+
+
+def _negated(attn, q, k, v):
+    return -attn(q, k, v)
+
+
+@pytest.mark.slow
+def test_an_attention_override_that_changes_is_never_run_stale(tmp_path, pack_log):
+    """A patch node's ``optimized_attention_override`` in ``transformer_options``: torch cannot
+    save the guard on its identity, so the region must not take the fast path with it; the
+    output follows every change, as eager does (before and after a first capture)."""
+    model = tiny.build()
+    x, t = tiny.inputs(1, 6)
+    runs = [_halved, _negated, None, _halved]  # set before the first capture, then changed
+    with torch.no_grad():
+        cm = engine.prepare(model, _settings(), persistent=PersistentCache(tmp_path))
+        for override in runs:
+            opts = {"optimized_attention_override": override} if override else {}
+            ref = model(x, t, opts)
+            got = cm.run(model, lambda: model(x, t, opts), x.device)
+            rel = float((got - ref).norm() / ref.norm())
+            assert rel < 1e-5, (override, rel)
+    assert not cm.entry.failed
+    assert cm.entry.graphs >= 1  # it really compiled (a fallback to eager would also match)
+
+
+def test_guards_torch_cannot_save_on_locals_are_never_dropped_silently():
+    """The guard filter's decisions, on dynamo's own entry type: globals are replaced by our
+    checks, type guards on nested classes by the region key, and any other unsaveable local
+    guard (an override's identity, a closure) is reported as unchecked."""
+    from torch._dynamo.types import GuardFilterEntry
+
+    class Nested:
+        pass
+
+    def entry(name, kind, value=None, is_global=False):
+        return GuardFilterEntry(name=name, has_value=value is not None, value=value, guard_type=kind,
+                                derived_guard_types=(), is_global=is_global, orig_guard=None)
+
+    dropped, unchecked = set(), set()
+    keep = precompiled._keep_guard(dropped, unchecked)
+    entries = [entry("G['torch'].sigmoid", "FUNCTION_MATCH", torch.sigmoid, True),
+               entry("L['self']", "TYPE_MATCH", Nested()),
+               entry("type(L['self']).__mro__", "ID_MATCH", (object,)),
+               entry("L['kwargs']['transformer_options']['optimized_attention_override']",
+                     "FUNCTION_MATCH", _halved),
+               entry("L['kwargs']['transformer_options']['f'].__closure__[0].cell_contents",
+                     "CLOSURE_MATCH", 1.0),
+               entry("L['args'][0]", "TENSOR_MATCH", torch.zeros(1))]
+    assert keep(entries) == [False, False, False, False, False, True]
+    assert dropped == {"G['torch'].sigmoid"}
+    assert {u.split(" ")[0] for u in unchecked} == {
+        "L['kwargs']['transformer_options']['optimized_attention_override']",
+        "L['kwargs']['transformer_options']['f'].__closure__[0].cell_contents"}
 
 
 def test_region_key_follows_every_submodule_class():
