@@ -11,6 +11,8 @@ All node names start with ``TCSTest``:
 - ``TCSTestRawCompileArgs``: any JSON value as WANCOMPILEARGS (malformed input from "another node").
 - ``TCSTestStateSnapshot``: a digest of the server process's global torch state (leak checks).
 - ``TCSTestForceLowVram``: a MODEL clone that ComfyUI loads partially (lowvram patching) on CPU.
+- ``TCSTestDynamicVramLoader``: a real ``ModelPatcherDynamic`` (ComfyUI 0.33+ dynamic VRAM) on CPU.
+- ``TCSTestPatcherInfo``: what a MODEL's patcher is (class, dynamic or not, its model, a digest).
 
 Importing this module also registers two TEST-ONLY torch.compile backends, so they appear in
 the settings node's backend choices (it lists every registered backend):
@@ -364,8 +366,136 @@ class TCSTestForceLowVram:
         return (clone,)
 
 
+
+# --------------------------------------------------------------------------- dynamic VRAM (0.33+)
+
+_LOAD_DIGESTS = {}  # id(patcher) -> _patcher_digest(patcher) when TCSTestDynamicVramLoader made it
+
+
+def _load_aimdo_library():
+    """TEST-ONLY: load comfy-aimdo's native library, as ComfyUI's main.py does on a GPU.
+
+    On ``--cpu`` main.py never calls ``comfy_aimdo.control.init()``, and ``ModelPatcherDynamic``
+    needs the library (``register_load_device`` makes ``comfy_aimdo.host_buffer.HostBuffer``s).
+    ``init()`` works without a GPU (it only loads the .so); ``host_buffer`` binds the library
+    when it is imported, so it is imported again once the library is there. Nothing else changes:
+    ``comfy.memory_management.aimdo_enabled`` stays False, so ComfyUI's own paths stay the CPU ones."""
+    import importlib
+
+    import comfy_aimdo.control
+    import comfy_aimdo.host_buffer
+    if comfy_aimdo.host_buffer.lib is not None:
+        return
+    if comfy_aimdo.control.lib is None and not comfy_aimdo.control.init("cuda"):
+        raise RuntimeError("comfy-aimdo's library did not load")
+    importlib.reload(comfy_aimdo.host_buffer)
+
+
+def _patcher_digest(patcher):
+    """A JSON-able digest of a ModelPatcher's state, to tell whether anything changed it."""
+    model = patcher.model
+    dm = model.diffusion_model
+    with torch.no_grad():
+        weights = float(sum(p.detach().double().sum() for p in dm.parameters()))
+
+    def keys(d):
+        return sorted(str(k) for k in (d or {}))
+
+    return {
+        "class": type(patcher).__name__,
+        "model_id": id(model),
+        "patches_uuid": str(getattr(patcher, "patches_uuid", "")),
+        "patches": keys(patcher.patches),
+        "object_patches": keys(patcher.object_patches),
+        "model_options": keys(patcher.model_options),
+        "transformer_options": keys(patcher.model_options.get("transformer_options")),
+        "wrappers": {str(k): keys(v) for k, v in (getattr(patcher, "wrappers", {}) or {}).items()},
+        "callbacks": {str(k): keys(v) for k, v in (getattr(patcher, "callbacks", {}) or {}).items()},
+        "attachments": keys(getattr(patcher, "attachments", {})),
+        "additional_models": keys(getattr(patcher, "additional_models", {})),
+        "non_dynamic_delegate_model": repr(getattr(patcher, "non_dynamic_delegate_model", None)),
+        "has_cached_patcher_init": getattr(patcher, "cached_patcher_init", None) is not None,
+        "load_device": str(patcher.load_device),
+        "model_dynamic_patchers": len(getattr(model, "dynamic_patchers", ()) or ()),
+        "modules_with_compiled_call_impl": sum(
+            1 for m in dm.modules() if m.__dict__.get("_compiled_call_impl") is not None),
+        "weights_sum": weights,
+    }
+
+
+class TCSTestDynamicVramLoader:
+    """TEST-ONLY: a UNETLoader whose MODEL is a real ``comfy.model_patcher.ModelPatcherDynamic``
+    (ComfyUI 0.33+) on CPU, as a GPU server's UNETLoader returns it (there ``main.py`` sets
+    ``CoreModelPatcher = ModelPatcherDynamic``).
+
+    On a CPU load device ``ModelPatcherDynamic.__new__`` returns a plain ModelPatcher, so the
+    instance is made with ``object.__new__`` and ComfyUI's own ``__init__`` (after loading
+    comfy-aimdo's library, see ``_load_aimdo_library``). The model is loaded by
+    ``comfy.sd.load_diffusion_model`` (plain, on CPU), and ``cached_patcher_init`` is the one that
+    loader sets, so ``clone(disable_dynamic=True)`` reloads the file as on a GPU;
+    ``reloadable=False`` drops it, like a custom loader that sets none. The patcher is meant to
+    be cloned, not sampled: ComfyUI never loads a dynamic patcher on a CPU device."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"unet_name": ("STRING", {"default": ""}),
+                             "reloadable": ("BOOLEAN", {"default": True})}}
+
+    def load(self, unet_name, reloadable):
+        import comfy.model_patcher
+        import comfy.sd
+        import folder_paths
+
+        dynamic_cls = getattr(comfy.model_patcher, "ModelPatcherDynamic", None)
+        if dynamic_cls is None:
+            raise RuntimeError("this ComfyUI has no ModelPatcherDynamic (dynamic VRAM is 0.33+)")
+        _load_aimdo_library()
+        plain = comfy.sd.load_diffusion_model(folder_paths.get_full_path_or_raise("diffusion_models", unet_name))
+        patcher = object.__new__(dynamic_cls)
+        patcher.__init__(plain.model, plain.load_device, plain.offload_device)
+        patcher.cached_patcher_init = plain.cached_patcher_init if reloadable else None
+        assert type(patcher) is dynamic_cls and patcher.is_dynamic()
+        _LOAD_DIGESTS[id(patcher)] = _patcher_digest(patcher)
+        return (patcher,)
+
+
+class TCSTestPatcherInfo:
+    """TEST-ONLY output node: what MODEL's patcher is now: its class, ``is_dynamic()`` (where
+    ComfyUI has it), its model and parent (by id) and a state digest; for a patcher made by
+    TCSTestDynamicVramLoader also the digest it had when it was made. ``after`` (any latent)
+    only orders this node after another one, e.g. a sampler."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ()
+    FUNCTION = "info"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "label": ("STRING", {"default": "info"})},
+                "optional": {"after": ("LATENT",)}}
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")
+
+    def info(self, model, label, after=None):
+        is_dynamic = getattr(model, "is_dynamic", None)
+        parent = getattr(model, "parent", None)
+        report = {"label": label, "class": type(model).__name__,
+                  "class_module": type(model).__module__,
+                  "is_dynamic": bool(is_dynamic()) if callable(is_dynamic) else None,
+                  "patcher_id": id(model), "model_id": id(model.model),
+                  "parent_id": None if parent is None else id(parent),
+                  "digest": _patcher_digest(model), "digest_at_load": _LOAD_DIGESTS.get(id(model))}
+        return {"ui": {"info": [report]}}
+
+
 NODE_CLASS_MAPPINGS = {c.__name__: c for c in (TCSTestZeroConditioning, TCSTestProbe, TCSTestLatentAfter,
                                                 TCSTestReferenceCompileArgs, TCSTestWanStyleConsumer,
                                                 TCSTestRawCompileArgs, TCSTestStateSnapshot,
-                                                TCSTestForceLowVram)}
+                                                TCSTestForceLowVram, TCSTestDynamicVramLoader,
+                                                TCSTestPatcherInfo)}
 NODE_DISPLAY_NAME_MAPPINGS = {k: f"[test] {k}" for k in NODE_CLASS_MAPPINGS}
