@@ -9,16 +9,25 @@ would serialize) as one archive; a worker whose local cache lacks that fingerpri
 and unpacks it before compiling, so torch finds its caches warm.
 
 Safety: entries are size-limited (and expire in Redis), carry a SHA-256 of their payload that
-is checked before anything is unpacked, and archive members that are absolute, contain
-``..``, or are links/devices are rejected. Nothing from the store is executed except what
-torch itself loads from its cache directory. Any store problem costs at most a bounded
-timeout and one warning; the worker then compiles locally.
+is checked before anything is unpacked (it catches damage, not a hostile writer), and archive
+members that are absolute, contain ``..``, or are links/devices are rejected. Nothing from the
+store is executed except what torch itself loads from its cache directory. Any store problem
+costs at most a bounded timeout and one warning; the worker then compiles locally.
+
+Authenticity: what torch loads from these entries includes pickles and native code, so anyone who
+can write to the store could run code on every worker. With ``TORCH_COMPILE_SPEED_SHARED_KEY``
+set (the same secret on every worker), each published entry and the prewarm manifest is signed
+with HMAC-SHA256 over its sealed bytes, and a worker loads only entries whose HMAC verifies with
+its key (constant-time compare); anything else is refused with one warning and compiled locally.
+Without the key, entries are trusted as before (the store itself must then be trusted).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import io
+import math
 import json
 import os
 import platform
@@ -36,7 +45,10 @@ STORE_ENV = "TORCH_COMPILE_SPEED_SHARED_CACHE"
 MAX_MB_ENV = "TORCH_COMPILE_SPEED_SHARED_MAX_MB"
 TTL_ENV = "TORCH_COMPILE_SPEED_SHARED_TTL_S"
 TIMEOUT_ENV = "TORCH_COMPILE_SPEED_SHARED_TIMEOUT_S"
+KEY_ENV = "TORCH_COMPILE_SPEED_SHARED_KEY"  # operator secret: sign and verify entries (HMAC)
+DEFAULT_MAX_MB, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S = 2048.0, 3.0, 7 * 24 * 3600
 MAGIC = b"TCSFLEET1\n"
+SIGNED_MAGIC = b"TCSFLEET1-HMAC-SHA256\n"  # then the hex HMAC, a newline, and a sealed entry
 KEY_PREFIX = "tcs:compile:"
 MANIFEST_MAX_BYTES = 1 << 20  # the shared prewarm manifest (a list of module and file names)
 PREFETCH_MAX = 4  # entries a new worker fetches at start-up
@@ -44,6 +56,33 @@ PREFETCH_MAX = 4  # entries a new worker fetches at start-up
 
 class FleetError(RuntimeError):
     """A shared entry is missing, incompatible, corrupt or unsafe."""
+
+
+class FleetAuthError(FleetError):
+    """A shared entry is not signed with this worker's TORCH_COMPILE_SPEED_SHARED_KEY."""
+
+
+def _env_number(name: str, default: float, cast=float):
+    """``cast`` of the operator's setting ``name``; the default, with one warning naming the
+    variable and its value, when it is not a positive finite number."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return cast(default)
+    try:
+        value = float(raw)
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(raw)
+        return cast(value)
+    except (ValueError, OverflowError):
+        log.warn_once(f"fleet-env:{name}:{raw}", "%s=%r is not a positive number; using the "
+                      "default %s", name, raw, cast(default))
+        return cast(default)
+
+
+def key_from_env() -> bytes | None:
+    """The operator's shared key (``TORCH_COMPILE_SPEED_SHARED_KEY``), or None when unset/empty."""
+    raw = os.environ.get(KEY_ENV, "").strip()
+    return raw.encode() if raw else None
 
 
 # --------------------------------------------------------------------------- artifact identity
@@ -146,6 +185,32 @@ def seal(key: str, identity: dict, payload: bytes) -> bytes:
     return MAGIC + json.dumps(header).encode() + b"\n" + payload
 
 
+def sign(blob: bytes, secret: bytes) -> bytes:
+    """A sealed ``blob`` wrapped with its HMAC-SHA256 under ``secret``."""
+    mac = hmac.new(secret, blob, hashlib.sha256).hexdigest().encode()
+    return SIGNED_MAGIC + mac + b"\n" + blob
+
+
+def verify(blob: bytes, secret: bytes | None) -> bytes:
+    """The sealed entry inside ``blob``. With a ``secret`` the entry must be signed with it
+    (FleetAuthError otherwise); without one, a signature is dropped unchecked and an unsigned
+    entry is returned as it is (the behaviour before keys existed)."""
+    if not blob.startswith(SIGNED_MAGIC):
+        if secret is not None:
+            raise FleetAuthError(f"entry is not signed; this worker has {KEY_ENV} set and loads "
+                                 "only entries signed with it")
+        return blob
+    mac, sep, inner = blob[len(SIGNED_MAGIC):].partition(b"\n")
+    if not sep:
+        raise FleetError("unreadable entry signature")
+    if secret is not None:
+        expected = hmac.new(secret, inner, hashlib.sha256).hexdigest().encode()
+        if not hmac.compare_digest(mac, expected):
+            raise FleetAuthError(f"entry signature does not verify with this worker's {KEY_ENV} "
+                                 "(another key, or written by someone without it)")
+    return inner
+
+
 def unseal(blob: bytes, key: str, identity: dict) -> bytes:
     if not blob.startswith(MAGIC):
         raise FleetError("not a TorchCompileSpeed fleet entry")
@@ -205,22 +270,28 @@ def store_from_env() -> DirStore | RedisStore | None:
     if not spec:
         return None
     if spec.startswith(("redis://", "rediss://", "unix://")):
-        return RedisStore(spec, float(os.environ.get(TIMEOUT_ENV, "3")),
-                          int(os.environ.get(TTL_ENV, str(7 * 24 * 3600))))
+        return RedisStore(spec, _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT_S),
+                          _env_number(TTL_ENV, DEFAULT_TTL_S, cast=lambda v: max(1, int(v))))
     return DirStore(spec)
 
 
 # --------------------------------------------------------------------------- fetch / publish
 
+_FROM_ENV = object()
+
+
 class Fleet:
-    def __init__(self, store, max_bytes: int | None = None):
+    def __init__(self, store, max_bytes: int | None = None, secret: bytes | str | None = _FROM_ENV):
         self.store = store
-        self.max_bytes = max_bytes or int(float(os.environ.get(MAX_MB_ENV, "2048")) * 1024 ** 2)
+        self.max_bytes = max_bytes or int(_env_number(MAX_MB_ENV, DEFAULT_MAX_MB) * 1024 ** 2)
+        if secret is _FROM_ENV:
+            secret = key_from_env()
+        self.secret = secret.encode() if isinstance(secret, str) else (secret or None)
 
     @classmethod
     def from_env(cls) -> "Fleet | None":
         """The operator-configured fleet (one per configuration and process), or None."""
-        return _fleet_for(os.environ.get(STORE_ENV, "").strip())
+        return _fleet_for(os.environ.get(STORE_ENV, "").strip(), key_from_env())
 
     @classmethod
     def _build(cls) -> "Fleet | None":
@@ -259,12 +330,13 @@ class Fleet:
             return None
         if len(blob) > max_bytes:
             raise FleetError(f"entry is {len(blob)} bytes, over the {max_bytes} limit")
-        return unseal(blob, key, ident)
+        return unseal(verify(blob, self.secret), key, ident)
 
     def _put_sealed(self, key: str, ident: dict, payload: bytes) -> bool:
         """Store ``payload`` sealed; False (and one warning per kind of error) on a problem."""
         try:
-            self.store.put(key, seal(key, ident, payload))
+            blob = seal(key, ident, payload)
+            self.store.put(key, sign(blob, self.secret) if self.secret else blob)
         except Exception as exc:  # noqa: BLE001 - a store problem must never break the run
             _publish_failed(exc)
             return False
@@ -296,6 +368,9 @@ class Fleet:
         try:
             payload = self._get_sealed(*_manifest_key(), MANIFEST_MAX_BYTES)
             data = None if payload is None else json.loads(payload)
+        except FleetAuthError as exc:  # a hostile or misconfigured writer: say so, once
+            log.warn_once("fleet-fetch:FleetAuthError", "shared prewarm manifest not used (%s)", exc)
+            return None
         except Exception as exc:  # noqa: BLE001 - only an optimisation; a store that is down
             # gets its one warning from the first compile's fetch
             log.info_once(f"fleet-manifest:{type(exc).__name__}",
@@ -328,5 +403,5 @@ def _publish_failed(exc: Exception) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def _fleet_for(_spec: str) -> Fleet | None:
+def _fleet_for(_spec: str, _secret: bytes | None = None) -> Fleet | None:
     return Fleet._build()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..compile_core import engine, fallback, log
-from ..compile_core.paths import allowed_roots, resolve_cache_dir
+from ..compile_core.paths import resolve_workflow_cache_dir
 from ..compile_core.fleet import Fleet
 from ..compile_core.persist import PersistentCache
 from ..compile_core.preflight import preflight
@@ -34,8 +34,8 @@ class ApplyTorchCompile:
         user = comfy_bridge.user_directory()
         ptx_dir = None
         if settings.experimental_ptx:
-            roots = allowed_roots(user, comfy_bridge.temp_directory())
-            ptx_dir = resolve_cache_dir(settings.ptx_cache_dir, user, roots)
+            # only <user>/torch_compile_speed/ or an operator root: never temp/input/output
+            ptx_dir = resolve_workflow_cache_dir(settings.ptx_cache_dir, user)
         dm = comfy_bridge.diffusion_model(model)
         checked, findings = preflight(settings, comfy_bridge.load_device(model),
                                       {p.dtype for p in dm.parameters()})

@@ -5,8 +5,9 @@
 - Out-of-range values in API prompts for the settings node are refused by /prompt (400) with
   ``node_errors`` naming the input; wrong types that pass ComfyUI's validation are refused by
   the node, naming the key.
-- ``ptx_cache_dir`` from a workflow cannot point outside ComfyUI's user and temp directories
-  or the operator's ``TORCH_COMPILE_SPEED_ALLOWED_ROOTS``.
+- ``ptx_cache_dir`` from a workflow can only name a folder under the pack's own
+  ``user/torch_compile_speed/`` or the operator's ``TORCH_COMPILE_SPEED_ALLOWED_ROOTS``: never
+  ``temp/``, ``input/`` or ``output/``, which uploads write (Triton loads any ``.so`` there).
 """
 import json
 
@@ -154,7 +155,8 @@ def paths_host(tmp_path_factory, tiny_wan_path):
     outside.mkdir()
     host = ComfyHost(top / "server", models=[tiny_wan_path],
                      env={"TORCH_COMPILE_SPEED_ALLOWED_ROOTS": str(operator_root)})
-    (host.base_dir / "user" / "link_out").symlink_to(outside, target_is_directory=True)
+    (host.base_dir / "user" / "torch_compile_speed").mkdir(parents=True, exist_ok=True)
+    (host.base_dir / "user" / "torch_compile_speed" / "link_out").symlink_to(outside, target_is_directory=True)
     with host:
         host.top, host.operator_root, host.outside = top, operator_root, outside
         host.eager = host.latent(host.run(wan_t2v_prompt(tiny_wan_path.name, apply=False, prefix="e")))
@@ -170,9 +172,7 @@ def _allowed_cases(h):
         "empty (default)": "",
         "relative": "tcs_ptx_rel",
         "relative with .. inside": "a/../tcs_ptx_b",
-        ".. into the temp root": "../temp/tcs_ptx_t",
-        "absolute in temp": str(h.base_dir / "temp" / "tcs_ptx_abs"),
-        "absolute in user": str(h.base_dir / "user" / "tcs_ptx_abs"),
+        "absolute in the pack's folder": str(h.base_dir / "user" / "torch_compile_speed" / "tcs_ptx_abs"),
         "operator root": str(h.operator_root / "tcs_ptx_op"),
     }
 
@@ -183,9 +183,13 @@ def _refused_cases(h):
         "deep .. escape": "a/b/../../../../../../tmp/tcs_ptx_escape2",
         "absolute outside": str(h.outside / "tcs_ptx_abs"),
         "absolute system dir": "/etc/tcs_ptx",
-        "symlink in user dir pointing outside": "link_out/tcs_ptx",
+        "symlink in the pack's folder pointing outside": "link_out/tcs_ptx",
         "home": "~/tcs_ptx_home",
         "sibling with common prefix": str(h.operator_root) + "_evil/tcs_ptx",
+        ".. into the temp root (uploads)": "../../temp/tcs_ptx_t",
+        "absolute in temp (uploads)": str(h.base_dir / "temp" / "tcs_ptx_abs"),
+        "absolute in input (uploads)": str(h.base_dir / "input" / "tcs_ptx_abs"),
+        "absolute in user, outside the pack's folder": str(h.base_dir / "user" / "tcs_ptx_abs"),
     }
 
 
@@ -196,8 +200,8 @@ def test_allowed_ptx_cache_dirs_run(paths_host, tiny_wan):
     for label, value in _allowed_cases(h).items():
         hist = h.run(wan_t2v_prompt(tiny_wan, compile_settings=ptx(value), prefix="ok"))
         assert rel_l2(h.latent(hist), h.eager) < 1e-6, label
-    for p in [h.base_dir / "user" / "tcs_ptx_rel", h.base_dir / "user" / "tcs_ptx_b",
-              h.base_dir / "temp" / "tcs_ptx_t", h.operator_root / "tcs_ptx_op"]:
+    pack = h.base_dir / "user" / "torch_compile_speed"
+    for p in [pack / "tcs_ptx_rel", pack / "tcs_ptx_b", h.operator_root / "tcs_ptx_op"]:
         assert not p.exists(), p
 
 

@@ -165,3 +165,221 @@ def test_redis_down_costs_a_bounded_timeout():
 def test_no_store_configured(monkeypatch):
     monkeypatch.delenv(fleet.STORE_ENV, raising=False)
     assert fleet.Fleet.from_env() is None
+
+
+# --------------------------------------------------------------------------- authenticity (issue #13 B)
+
+import logging  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+from compile_core import log as tcs_log  # noqa: E402
+
+KEY_ENV = "TORCH_COMPILE_SPEED_SHARED_KEY"
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch, caplog):
+    """Each test sees its own warn-once keys; returns a function giving the pack's warnings."""
+    monkeypatch.setattr(tcs_log, "_said", set())
+    caplog.set_level(logging.INFO, logger="TorchCompileSpeed")
+    return lambda: [r.getMessage() for r in caplog.records
+                    if r.name == "TorchCompileSpeed" and r.levelno >= logging.WARNING]
+
+
+@pytest.fixture
+def no_fleet_env(monkeypatch):
+    for name in (fleet.STORE_ENV, fleet.MAX_MB_ENV, fleet.TTL_ENV, fleet.TIMEOUT_ENV, KEY_ENV):
+        monkeypatch.delenv(name, raising=False)
+    fleet._fleet_for.cache_clear()
+    yield monkeypatch
+    fleet._fleet_for.cache_clear()
+
+
+def keyed(tmp_path, key, monkeypatch):
+    """A worker on the shared directory with ``key`` (None: no key) in its environment."""
+    if key is None:
+        monkeypatch.delenv(KEY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(KEY_ENV, key)
+    return fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
+
+
+def test_signed_entries_load_with_the_same_key(tmp_path, no_fleet_env, fresh_warnings):
+    w1 = keyed(tmp_path, "s3cret", no_fleet_env)
+    assert w1.publish_from("fpK", CPU, make_cache_dir(tmp_path / "w1"))
+    blob = next((tmp_path / "shared").glob("*.tcs")).read_bytes()
+    assert not blob.startswith(fleet.MAGIC)  # signed, not a bare sealed entry
+    w2 = keyed(tmp_path, "s3cret", no_fleet_env)
+    assert w2.fetch_into("fpK", CPU, tmp_path / "w2")
+    assert (tmp_path / "w2" / "kernel.so").exists()
+    assert fresh_warnings() == []
+
+
+@pytest.mark.parametrize("publisher_key", [None, "other-key"])
+def test_unsigned_or_wrongly_signed_entries_are_refused(tmp_path, no_fleet_env, fresh_warnings,
+                                                        publisher_key):
+    assert keyed(tmp_path, publisher_key, no_fleet_env).publish_from(
+        "fpK", CPU, make_cache_dir(tmp_path / "w1"))
+    worker = keyed(tmp_path, "s3cret", no_fleet_env)
+    for attempt in range(3):
+        assert not worker.fetch_into("fpK", CPU, tmp_path / f"fetch{attempt}" / "dst")
+        assert not (tmp_path / f"fetch{attempt}").exists()  # nothing unpacked
+    warnings = fresh_warnings()
+    assert len(warnings) == 1, warnings  # one warning, then quiet local compiles
+    assert KEY_ENV in warnings[0] and "compiling locally" in warnings[0]
+
+
+def test_a_forged_entry_with_a_valid_sha256_is_refused(tmp_path, no_fleet_env, fresh_warnings):
+    """A hostile writer can compute the SHA-256 seal, not the HMAC."""
+    worker = keyed(tmp_path, "s3cret", no_fleet_env)
+    assert worker.publish_from("fpK", CPU, make_cache_dir(tmp_path / "w1"))
+    entry = next((tmp_path / "shared").glob("*.tcs"))
+    key = fleet.artifact_key("fpK", CPU)
+    evil_payload = fleet.pack_dir(make_cache_dir(tmp_path / "evil"))
+    sealed = fleet.seal(key, fleet.artifact_identity(CPU), evil_payload)
+    signed = entry.read_bytes()
+    mac = signed[len(fleet.SIGNED_MAGIC):].split(b"\n", 1)[0]
+    for forged in (sealed, fleet.SIGNED_MAGIC + mac + b"\n" + sealed,  # old MAC, new content
+                   fleet.sign(sealed, b"guessed")):
+        entry.write_bytes(forged)
+        assert not worker.fetch_into("fpK", CPU, tmp_path / "dst")
+        assert not (tmp_path / "dst").exists()
+    assert len(fresh_warnings()) == 1
+
+
+def test_without_a_key_behaviour_is_unchanged(tmp_path, no_fleet_env, fresh_warnings):
+    plain = keyed(tmp_path, None, no_fleet_env)
+    assert plain.secret is None
+    assert plain.publish_from("fpP", CPU, make_cache_dir(tmp_path / "w1"))
+    entry = next((tmp_path / "shared").glob("*.tcs"))
+    assert entry.read_bytes().startswith(fleet.MAGIC)  # today's format, byte for byte
+    assert plain.fetch_into("fpP", CPU, tmp_path / "w2")
+    assert fresh_warnings() == []
+
+
+def test_prewarm_manifest_is_signed_and_verified(tmp_path, no_fleet_env, fresh_warnings):
+    manifest = {"modules": ["torch._inductor.compile_fx"], "files": ["/x.py"], "cpu": True}
+    w1 = keyed(tmp_path, "s3cret", no_fleet_env)
+    assert w1.publish_manifest(manifest)
+    assert keyed(tmp_path, "s3cret", no_fleet_env).fetch_manifest() == manifest
+    assert keyed(tmp_path, "other", no_fleet_env).fetch_manifest() is None
+    # an unsigned manifest (a writer without the key) is refused too
+    keyed(tmp_path, None, no_fleet_env).publish_manifest({"modules": ["os"], "files": []})
+    assert keyed(tmp_path, "s3cret", no_fleet_env).fetch_manifest() is None
+    warnings = fresh_warnings()
+    assert len(warnings) == 1 and KEY_ENV in warnings[0]
+
+
+def test_from_env_fleet_uses_the_key(tmp_path, no_fleet_env):
+    no_fleet_env.setenv(fleet.STORE_ENV, str(tmp_path / "shared"))
+    no_fleet_env.setenv(KEY_ENV, "  s3cret\n")  # as read from a file: surrounding space ignored
+    f = fleet.Fleet.from_env()
+    assert f is not None and f.secret == b"s3cret"
+    no_fleet_env.setenv(KEY_ENV, "")
+    assert fleet.Fleet.from_env().secret is None  # empty means unset
+
+
+# --------------------------------------------------------------------------- bad numbers (issue #13 B)
+
+@pytest.mark.parametrize("name,value", [(fleet.MAX_MB_ENV, "lots"), (fleet.MAX_MB_ENV, "-5"),
+                                        (fleet.MAX_MB_ENV, "nan")])
+def test_bad_max_mb_falls_back_with_one_warning(tmp_path, no_fleet_env, fresh_warnings, name, value):
+    no_fleet_env.setenv(fleet.STORE_ENV, str(tmp_path / "shared"))
+    no_fleet_env.setenv(name, value)
+    f = fleet.Fleet.from_env()  # must not raise at start-up
+    assert f is not None and f.max_bytes == 2048 * 1024 ** 2
+    fleet.Fleet(fleet.DirStore(tmp_path / "shared"))  # a second fleet: no second warning
+    warnings = fresh_warnings()
+    assert len(warnings) == 1 and name in warnings[0] and repr(value) in warnings[0], warnings
+
+
+@pytest.mark.parametrize("name,value", [(fleet.TIMEOUT_ENV, "fast"), (fleet.TTL_ENV, "a week"),
+                                        (fleet.TIMEOUT_ENV, "0"), (fleet.TTL_ENV, "inf")])
+def test_bad_redis_timeout_or_ttl_falls_back_with_one_warning(no_fleet_env, fresh_warnings,
+                                                              name, value):
+    pytest.importorskip("redis")
+    no_fleet_env.setenv(fleet.STORE_ENV, f"redis://127.0.0.1:{free_port()}/0")
+    no_fleet_env.setenv(name, value)
+    f = fleet.Fleet.from_env()  # must not raise, nor give up on the store
+    assert f is not None and isinstance(f.store, fleet.RedisStore)
+    kwargs = f.store.client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == 3.0 and f.store.ttl_s == 7 * 24 * 3600
+    warnings = fresh_warnings()
+    assert len(warnings) == 1 and name in warnings[0] and repr(value) in warnings[0], warnings
+
+
+def test_good_numbers_are_used(no_fleet_env, fresh_warnings):
+    pytest.importorskip("redis")
+    no_fleet_env.setenv(fleet.STORE_ENV, f"redis://127.0.0.1:{free_port()}/0")
+    no_fleet_env.setenv(fleet.TIMEOUT_ENV, "0.5")
+    no_fleet_env.setenv(fleet.TTL_ENV, "60")
+    no_fleet_env.setenv(fleet.MAX_MB_ENV, "1.5")
+    f = fleet.Fleet.from_env()
+    assert f.store.client.connection_pool.connection_kwargs["socket_timeout"] == 0.5
+    assert f.store.ttl_s == 60 and f.max_bytes == int(1.5 * 1024 ** 2)
+    assert fresh_warnings() == []
+
+
+# --------------------------------------------------------------------------- a silent server (issue #13 C)
+
+class SilentServer:
+    """Accepts TCP connections on 127.0.0.1 and never answers (a hung Redis, a black-holed proxy)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted, self.conns, self.stop = 0, [], threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            self.conns.append(conn)  # held open, never read from or written to
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def silent_server():
+    server = SilentServer()
+    yield server
+    server.close()
+
+
+def test_a_server_that_accepts_and_never_answers_costs_a_bounded_timeout(
+        tmp_path, silent_server, no_fleet_env, fresh_warnings):
+    pytest.importorskip("redis")
+    timeout = 1.0
+    no_fleet_env.setenv(fleet.STORE_ENV, f"redis://127.0.0.1:{silent_server.port}/0")
+    no_fleet_env.setenv(fleet.TIMEOUT_ENV, str(timeout))
+    f = fleet.Fleet.from_env()
+    assert f is not None and isinstance(f.store, fleet.RedisStore)
+    calls = [lambda: f.fetch_into("fpS", CPU, tmp_path / "dst"),
+             lambda: f.fetch_into("fpS2", CPU, tmp_path / "dst2"),
+             lambda: f.publish_from("fpS", CPU, make_cache_dir(tmp_path / "w1")),
+             f.fetch_manifest]
+    for call in calls:
+        start = time.perf_counter()
+        result = call()
+        elapsed = time.perf_counter() - start
+        assert not result  # a miss: the caller compiles locally
+        assert elapsed < timeout + 2.0, elapsed  # one bounded attempt each, no retries, no hang
+    assert silent_server.accepted >= 1  # the connection was really accepted, not refused
+    assert not (tmp_path / "dst").exists() and not (tmp_path / "dst2").exists()
+    warnings = fresh_warnings()
+    fetch = [w for w in warnings if "not used" in w]
+    assert len(fetch) == 1 and "compiling locally" in fetch[0], warnings  # one warning for fetches
