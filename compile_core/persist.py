@@ -11,6 +11,8 @@ after a successful first compile marks the entry as complete.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -34,11 +36,39 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     so concurrent writers and readers (processes sharing the cache) never see half a file.
     The temp name ends in ``.tmp``, which the fleet archive skips."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if isinstance(data, str):
-        tmp.write_text(data)
-    else:
-        tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data)
+        else:
+            tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a full disk or a file in use leaves no temp file
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def io_failed(root: Path, what: str, exc: OSError) -> None:
+    """A disk problem costs the cache, never the run: one warning per cache root and process."""
+    log.warn_once(f"persist-io:{Path(root)}", "persistent cache in %s: could not %s (%s: %s); runs "
+                  "go on, compiling without it or not saving to it", root, what,
+                  type(exc).__name__, exc)
+
+
+def max_bytes_from_env() -> int:
+    """The operator's size bound in bytes; a value that is not a size in GB falls back to the
+    default, with one warning naming it."""
+    raw = os.environ.get(MAX_GB_ENV, "").strip()
+    if raw:
+        try:
+            gb = float(raw)
+            if gb >= 0:  # False for nan; inf raises OverflowError below
+                return int(gb * 1024 ** 3)
+        except (ValueError, OverflowError):
+            pass
+        log.warn_once(f"persist-max-gb:{raw}", "%s=%r is not a size in GB (a number >= 0): using "
+                      "the default, %g GB", MAX_GB_ENV, raw, DEFAULT_MAX_GB)
+    return int(DEFAULT_MAX_GB * 1024 ** 3)
 
 
 def shared_object_problem(path: Path) -> str:
@@ -82,9 +112,7 @@ def dir_size(path: Path) -> int:
 class PersistentCache:
     def __init__(self, root: str | os.PathLike, max_bytes: int | None = None):
         self.root = Path(root)
-        if max_bytes is None:
-            max_bytes = int(float(os.environ.get(MAX_GB_ENV, DEFAULT_MAX_GB)) * 1024 ** 3)
-        self.max_bytes = max_bytes
+        self.max_bytes = max_bytes_from_env() if max_bytes is None else max_bytes
 
     @classmethod
     def default(cls, user_dir: str | os.PathLike) -> "PersistentCache | None":
@@ -103,10 +131,17 @@ class PersistentCache:
 
     def env(self, fingerprint: str) -> dict[str, str]:
         """The run's env; the first time in this process an entry is used, a damaged one is
-        discarded (see ``damage``) so this compile rebuilds it."""
-        self.discard_if_damaged(fingerprint)
+        discarded (see ``damage``) so this compile rebuilds it. ``{}`` (torch's own cache dir)
+        when the entry cannot be made or written (e.g. a read-only user folder)."""
         d = self.inductor_dir(fingerprint)
-        d.mkdir(parents=True, exist_ok=True)
+        try:
+            self.discard_if_damaged(fingerprint)
+            d.mkdir(parents=True, exist_ok=True)
+            if not os.access(d, os.W_OK):
+                raise PermissionError(errno.EACCES, "not writable", str(d))
+        except OSError as exc:
+            io_failed(self.root, "use it", exc)
+            return {}
         return {"TORCHINDUCTOR_CACHE_DIR": str(d), "TRITON_CACHE_DIR": str(d / "triton")}
 
     def read_meta(self, fingerprint: str) -> dict | None:
@@ -161,12 +196,18 @@ class PersistentCache:
     def mark_complete(self, fingerprint: str, info: dict) -> None:
         d = self.entry_dir(fingerprint)
         meta = {"fingerprint": fingerprint, "torch": torch.__version__, "saved": time.time(), **info}
-        write_atomic(d / META, json.dumps(meta, indent=1))
+        try:
+            write_atomic(d / META, json.dumps(meta, indent=1))
+        except OSError as exc:  # full disk, or (Windows) meta.json open in another process
+            io_failed(self.root, f"save {META}", exc)
 
     def touch(self, fingerprint: str) -> None:
-        d = self.entry_dir(fingerprint)
-        if d.exists():
-            os.utime(d)
+        try:
+            os.utime(self.entry_dir(fingerprint))
+        except FileNotFoundError:
+            pass  # not saved, or evicted meanwhile by another process sharing the cache
+        except OSError as exc:
+            io_failed(self.root, "mark an entry as used", exc)
 
     def entries(self) -> list[Path]:
         if not self.root.is_dir():
@@ -175,7 +216,11 @@ class PersistentCache:
 
     def evict(self, keep: str = "") -> list[str]:
         """Drop least recently used entries until the cache fits ``max_bytes``; never ``keep``."""
-        sized = [(p.stat().st_mtime, p, dir_size(p)) for p in self.entries()]
+        try:
+            sized = [s for s in map(_sized, self.entries()) if s is not None]
+        except OSError as exc:
+            io_failed(self.root, "list its entries", exc)
+            return []
         total = sum(s for _, _, s in sized)
         removed = []
         for _mtime, path, size in sorted(sized, key=lambda t: t[0]):
@@ -190,3 +235,12 @@ class PersistentCache:
             log.info("persistent cache over %.1f GB: evicted %d old entr%s", self.max_bytes / 1024 ** 3,
                      len(removed), "y" if len(removed) == 1 else "ies")
         return removed
+
+
+def _sized(entry: Path) -> tuple[float, Path, int] | None:
+    """(mtime, entry, bytes), or None when it is gone (another process sharing the cache just
+    evicted it) or cannot be read: then it is left alone."""
+    try:
+        return entry.stat().st_mtime, entry, dir_size(entry)
+    except OSError:
+        return None

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import log
-from .persist import write_atomic
+from .persist import io_failed, write_atomic
 
 ENV = "TORCH_COMPILE_SPEED_PREWARM"
 MANIFEST = "prewarm.json"
@@ -38,6 +38,7 @@ MODULE_PREFIXES = ("torch.", "sympy", "mpmath", "triton", "functorch")
 MAX_MODULES = 4000
 MAX_FILES = 400
 MAX_FINGERPRINTS = 8
+LISTS = ("modules", "files", "fingerprints")
 
 _thread: threading.Thread | None = None
 _stop = threading.Event()
@@ -63,22 +64,49 @@ def traced_files() -> list[str]:
 
 
 def read_manifest(root: Path) -> dict:
+    """The manifest at ``root``, cleaned; {} when there is none. A malformed one (it is read in
+    the server's start-up handler) gets one warning and is replaced after the next compile."""
+    path = Path(root) / MANIFEST
     try:
-        data = json.loads((Path(root) / MANIFEST).read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        data, problem = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    else:
+        problem = malformed(data)
+    if problem:
+        log.warn_once(f"prewarm-manifest:{path}", "ignoring the prewarm manifest %s (%s); the "
+                      "next compile writes a new one", path, problem)
     return clean(data)
 
 
+def malformed(data) -> str:
+    """What is wrong with the shape of a manifest, or ''."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    bad = [k for k in LISTS if not isinstance(data.get(k, []), list)]
+    if not isinstance(data.get("isa_dir"), (str, type(None))):
+        bad.append("isa_dir")
+    return f"wrong type for {', '.join(bad)}" if bad else ""
+
+
+def _strings(data: dict, key: str) -> list[str]:
+    items = data.get(key)
+    return [x for x in items if isinstance(x, str)] if isinstance(items, list) else []
+
+
 def clean(data) -> dict:
-    """A manifest as read from disk or a shared store, reduced to what may be replayed."""
-    if not isinstance(data, dict) or not data:
+    """A manifest as read from disk or a shared store, reduced to what may be replayed
+    (whatever its shape: {} when nothing is left)."""
+    if not isinstance(data, dict):
         return {}
-    return {"modules": [m for m in data.get("modules", []) if allowed_module(m)][:MAX_MODULES],
-            "files": [f for f in data.get("files", []) if isinstance(f, str)][:MAX_FILES],
-            "isa_dir": data["isa_dir"] if isinstance(data.get("isa_dir"), str) else None,
-            "fingerprints": [f for f in data.get("fingerprints", []) if isinstance(f, str)
-                             and re.fullmatch(r"[0-9a-f]{8,64}", f)][:MAX_FINGERPRINTS]}
+    out = {"modules": [m for m in _strings(data, "modules") if allowed_module(m)][:MAX_MODULES],
+           "files": _strings(data, "files")[:MAX_FILES],
+           "isa_dir": data["isa_dir"] if isinstance(data.get("isa_dir"), str) else None,
+           "fingerprints": [f for f in _strings(data, "fingerprints")
+                            if re.fullmatch(r"[0-9a-f]{8,64}", f)][:MAX_FINGERPRINTS]}
+    return out if any(out.values()) else {}
 
 
 def _merged(old: list[str], new: list[str], cap: int) -> list[str]:
@@ -104,8 +132,8 @@ def record(root: Path, modules: list[str], files: list[str], isa_dir: str | None
     try:
         root.mkdir(parents=True, exist_ok=True)
         write_atomic(root / MANIFEST, json.dumps(data, indent=0))
-    except OSError as exc:
-        log.warn_once("prewarm-record", "could not save the prewarm manifest in %s: %s", root, exc)
+    except OSError as exc:  # the same one warning as the cache's own entries
+        io_failed(root, f"save {MANIFEST}", exc)
     return data
 
 

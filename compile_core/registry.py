@@ -40,15 +40,19 @@ class ReuseRegistry:
         self._lock = threading.Lock()
 
     def get_or_create(self, fingerprint: str, factory: Callable[[], Callable]) -> tuple[CompiledEntry, bool]:
-        """Return (entry, reused). New entries evict the least recently used past the bound."""
+        """Return (entry, reused). New entries evict the least recently used past the bound.
+        A failed entry is replaced by a new one: a compile failure may be transient (e.g. out of
+        memory while autotuning), so each new request retries once; a model already holding
+        the failed entry keeps running eagerly (no retry per step)."""
         with self._lock:
             entry = self._entries.get(fingerprint)
-            if entry is not None:
+            if entry is not None and not entry.failed:
                 self._entries.move_to_end(fingerprint)
                 entry.reuses += 1
                 return entry, True
             entry = CompiledEntry(fingerprint, factory())
             self._entries[fingerprint] = entry
+            self._entries.move_to_end(fingerprint)  # it may replace a failed one
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
             return entry, False

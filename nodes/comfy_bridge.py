@@ -200,10 +200,6 @@ def user_directory() -> str:
     return folder_paths.get_user_directory()
 
 
-def temp_directory() -> str:
-    return folder_paths.get_temp_directory()
-
-
 def send_status(payload: dict) -> None:
     """Tell the frontend (all clients) what compile did; never fails the run."""
     try:
@@ -223,20 +219,28 @@ def prewarm_when_server_starts() -> bool:
         return False
 
     async def torch_compile_speed_prewarm(_app):
-        from ..compile_core import prewarm
-        from ..compile_core.fleet import Fleet
-        from ..compile_core.persist import PersistentCache
-        cache, fleet = PersistentCache.default(user_directory()), Fleet.from_env()
-
-        def from_fleet():  # a new worker: the fleet's manifest, and its latest entries
-            manifest = prewarm.clean(fleet.fetch_manifest())
-            if manifest:
-                device = comfy.model_management.get_torch_device()
-                filled = fleet.prefetch(manifest["fingerprints"], device, cache)
-                manifest["isa_dir"] = str(filled[0]) if filled and device.type == "cpu" else None
-            return manifest
-
-        prewarm.start(cache.root if cache else None, from_fleet if fleet and cache else None)
+        try:
+            _start_prewarm()
+        except Exception as exc:  # noqa: BLE001 - an optimisation: ComfyUI must always start
+            log.warning("background warm-up not started (%s: %s)", type(exc).__name__, exc)
 
     app.on_startup.append(torch_compile_speed_prewarm)
     return True
+
+
+def _start_prewarm() -> None:
+    """Replay the prewarm manifest (ours, or a new worker's from the fleet) in the background."""
+    from ..compile_core import prewarm
+    from ..compile_core.fleet import Fleet
+    from ..compile_core.persist import PersistentCache
+    cache, fleet = PersistentCache.default(user_directory()), Fleet.from_env()
+
+    def from_fleet():  # a new worker: the fleet's manifest, and its latest entries
+        manifest = prewarm.clean(fleet.fetch_manifest())
+        if manifest:
+            device = comfy.model_management.get_torch_device()
+            filled = fleet.prefetch(manifest["fingerprints"], device, cache)
+            manifest["isa_dir"] = str(filled[0]) if filled and device.type == "cpu" else None
+        return manifest
+
+    prewarm.start(cache.root if cache else None, from_fleet if fleet and cache else None)

@@ -200,3 +200,16 @@ def test_registry_does_not_keep_models_alive(wan):
     del m
     gc.collect()
     assert ref() is None
+
+
+def test_a_failed_entry_is_rebuilt_by_the_next_request():
+    """A compile failure may be transient (out of memory while autotuning): the next Apply of
+    that fingerprint gets a fresh entry and compiles again; who holds the failed one keeps it."""
+    reg = ReuseRegistry()
+    first, _ = reg.get_or_create("a", object)
+    first.failed = "out of memory"
+    again, reused = reg.get_or_create("a", object)
+    assert again is not first and not reused and again.failed == ""
+    assert again.compiled is not first.compiled  # a new torch.compile object, not the failed one
+    assert first.failed == "out of memory"
+    assert reg.get_or_create("a", object) == (again, True) and len(reg) == 1

@@ -226,3 +226,85 @@ def test_missing_entry_is_created_not_reported(tmp_path, pack_log):
                                 "TRITON_CACHE_DIR": str(cache.inductor_dir("new") / "triton")}
     assert cache.inductor_dir("new").is_dir()
     assert pack_log.warnings() == []
+
+
+# --------------------------------------------------------------------------- bad settings, failing disks
+# A broken setting or a disk problem costs the cache, never the run: one warning, nothing lost.
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """warn_once keys are per process: give this test its own set."""
+    from compile_core import log
+    monkeypatch.setattr(log, "_said", set())
+
+
+@pytest.mark.parametrize("value", ["lots", "20GB", "nan", "inf", "-1", "1e400"])
+def test_a_bad_max_gb_falls_back_to_the_default_with_one_warning(tmp_path, monkeypatch, pack_log,
+                                                                 fresh_warnings, value):
+    monkeypatch.setenv(persist.MAX_GB_ENV, value)
+    assert PersistentCache(tmp_path).max_bytes == int(persist.DEFAULT_MAX_GB * 1024 ** 3)
+    assert PersistentCache.default(tmp_path).max_bytes == int(persist.DEFAULT_MAX_GB * 1024 ** 3)
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1, warnings
+    assert persist.MAX_GB_ENV in warnings[0] and repr(value) in warnings[0]
+
+
+def test_a_blank_max_gb_is_the_default_without_a_warning(tmp_path, monkeypatch, pack_log):
+    monkeypatch.setenv(persist.MAX_GB_ENV, " ")
+    assert PersistentCache(tmp_path).max_bytes == int(persist.DEFAULT_MAX_GB * 1024 ** 3)
+    assert pack_log.warnings() == []
+
+
+def _fail(exc: OSError):
+    def raiser(*_a, **_k):
+        raise exc
+    return raiser
+
+
+@pytest.mark.parametrize("exc", [PermissionError(13, "sharing violation"),  # Windows, file in use
+                                 OSError(28, "No space left on device")])
+def test_mark_complete_on_a_failing_disk_warns_once_and_keeps_the_old_meta(tmp_path, monkeypatch,
+                                                                            pack_log, exc):
+    cache = PersistentCache(tmp_path, max_bytes=MB)
+    cache.entry_dir("fp").mkdir(parents=True)
+    cache.mark_complete("fp", {"regions": "old"})
+    monkeypatch.setattr(persist.os, "replace", _fail(exc))
+    cache.mark_complete("fp", {"regions": "new"})  # does not raise
+    cache.mark_complete("fp", {"regions": "newer"})
+    assert cache.read_meta("fp")["regions"] == "old"
+    assert [p.name for p in cache.entry_dir("fp").iterdir()] == [META]  # no temp file left
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and str(tmp_path) in warnings[0] and exc.strerror in warnings[0], warnings
+
+
+def test_an_unwritable_cache_folder_is_not_used(tmp_path, monkeypatch, pack_log):
+    cache = PersistentCache(tmp_path / "read-only user dir" / "cache", max_bytes=MB)
+    monkeypatch.setattr(Path, "mkdir", _fail(PermissionError(13, "Permission denied")))
+    assert cache.env("fp") == {}  # torch's own default cache dir: the run goes on
+    assert cache.env("fp") == {}
+    cache.mark_complete("fp", {})
+    cache.touch("fp")
+    assert cache.evict() == []
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and "Permission denied" in warnings[0], warnings
+
+
+def test_eviction_racing_another_process_skips_what_it_removed(tmp_path, monkeypatch, pack_log):
+    cache = PersistentCache(tmp_path, max_bytes=int(1.5 * MB))
+    for i, name in enumerate(["gone", "a", "b"]):
+        _entry(tmp_path, name, MB, mtime=1000 + i)
+    listed = cache.entries()
+    shutil.rmtree(tmp_path / "gone")  # another ComfyUI evicted it after we listed the entries
+    monkeypatch.setattr(cache, "entries", lambda: listed)
+    assert cache.evict(keep="b") == ["a"]
+    monkeypatch.setattr(persist.os, "utime", _fail(FileNotFoundError(2, "No such file")))
+    cache.touch("a")  # evicted between our exists() and utime(): nothing to protect
+    assert pack_log.warnings() == []
+
+
+def test_an_unreadable_cache_root_skips_eviction_with_one_warning(tmp_path, monkeypatch, pack_log):
+    cache = PersistentCache(tmp_path, max_bytes=0)
+    _entry(tmp_path, "a", 10, mtime=1)
+    monkeypatch.setattr(Path, "iterdir", _fail(PermissionError(13, "Permission denied")))
+    assert cache.evict() == [] and cache.evict() == []
+    assert len(pack_log.warnings()) == 1

@@ -11,6 +11,7 @@ import textwrap
 import types
 from pathlib import Path
 
+import pytest
 import torch
 
 from compile_core import engine, prewarm
@@ -196,3 +197,30 @@ def test_a_compile_that_starts_stops_the_warm_up_early(tmp_path):
     """)
     assert got["report"]["imported"] == 0 and got["report"]["indexed"] == 0
     assert not got["imported"]
+
+
+MALFORMED = {"null_modules": '{"modules": null}', "number_files": '{"files": 5}',
+             "bool_fingerprints": '{"fingerprints": true}',
+             "string_modules": '{"modules": "torch.nn", "isa_dir": 7}', "a_list": "[1, 2]",
+             "too_deep": "[" * 100000 + "]" * 100000, "not_utf8": "\xff\xfe not utf-8"}
+
+
+@pytest.mark.parametrize("content", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_manifest_is_ignored_with_one_warning(tmp_path, monkeypatch, pack_log, content):
+    """The manifest is read in the server's start-up handler: whatever is in it, ComfyUI starts."""
+    from compile_core import log
+    monkeypatch.setattr(log, "_said", set())
+    (tmp_path / prewarm.MANIFEST).write_bytes(content.encode("latin-1"))
+    assert prewarm.clean(prewarm.read_manifest(tmp_path)) == prewarm.read_manifest(tmp_path)
+    monkeypatch.setattr(prewarm, "_thread", None)
+    assert prewarm.start(tmp_path) is False  # nothing to replay: no thread, and no exception
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and prewarm.MANIFEST in warnings[0], warnings
+    # the next compile records a well-formed manifest over it: nothing else is lost
+    prewarm.record(tmp_path, ["torch.nn"], ["/a.py"])
+    assert prewarm.read_manifest(tmp_path)["modules"] == ["torch.nn"]
+    assert len(pack_log.warnings()) == 1
+
+
+def test_a_missing_manifest_is_not_reported(tmp_path, pack_log):
+    assert prewarm.read_manifest(tmp_path) == {} and pack_log.warnings() == []
