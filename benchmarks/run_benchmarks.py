@@ -28,8 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = REPO_ROOT / "benchmarks"
 sys.path.insert(0, str(REPO_ROOT / "tests" / "host"))
 sys.path.insert(0, str(REPO_ROOT))  # compile_core (pure torch)
-from harness import (COMFY_DIR, PYTHON, ComfyHost, counters_delta, make_tiny_wan,  # noqa: E402
-                     rel_l2, wan_t2v_prompt)
+from harness import (COMFY_DIR, HOST_VERSION, PYTHON, ComfyHost, counters_delta,  # noqa: E402
+                     make_tiny_wan, rel_l2, wan_t2v_prompt)
 
 VARIANTS = ("eager", "core", "ours-whole", "ours-regional")
 COMPILED_VARIANTS = ("core", "ours-whole", "ours-regional")
@@ -37,8 +37,9 @@ DEFAULT_MODELS = ("l2d256", "l8d256", "l16d256", "l8d512")
 FIRST_SIZE = (128, 128, 5)  # width x height x frames: latent [1, 16, 2, 16, 16]
 SWEEP_SIZES = ((160, 128, 5), (128, 192, 9), (96, 96, 1), (192, 160, 13), (128, 128, 17))
 OURS_SETTINGS = {
-    "ours-whole": {"backend": "inductor", "mode": "default", "compile_transformer_blocks_only": False},
-    "ours-regional": {"backend": "inductor", "mode": "default", "compile_transformer_blocks_only": True},
+    # the settings node's defaults (mode speed); whole-model is the other setting of its toggle
+    "ours-whole": {"mode": "speed", "compile_transformer_blocks_only": False},
+    "ours-regional": {"mode": "speed", "compile_transformer_blocks_only": True},
 }
 # Targets from the issue (see README): name -> (threshold, direction)
 TARGETS = {
@@ -439,6 +440,7 @@ def machine_info(argv) -> dict:
         "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024 ** 3, 1),
         "python": platform.python_version(),
         "torch": torch_v,
+        "comfyui": HOST_VERSION,
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty_pack_files": dirty.splitlines(),
         "OMP_NUM_THREADS": "1 (set by ComfyHost for every server and by this script's workers)",
@@ -580,6 +582,8 @@ def write_markdown(results: dict, path: Path) -> None:
     L.append(f"- date: {info['date']}; git commit `{info['git_commit'][:12]}`"
              + (f" (+ uncommitted changes in {len(info['git_dirty_pack_files'])} pack file(s))"
                 if info["git_dirty_pack_files"] else ""))
+    L.append(f"- ComfyUI {info.get('comfyui', '0.3.75')}; ours: the settings node's defaults "
+             f"({results['config']['ours_settings'].get('ours-regional')})")
     L.append(f"- machine: {info['nproc']} CPU(s), {info['cpu_model']}, {info['mem_gb']} GB; "
              f"torch {info['torch']}; OMP_NUM_THREADS=1; SDPA attention")
     L.append(f"- load average (1/5/15 min): start {info['loadavg_start']}, end {results.get('loadavg_end')}"

@@ -35,6 +35,8 @@ CHILD = textwrap.dedent("""
     from compile_core.settings import CompileSettings, build_compile_args
     settings = CompileSettings.from_args(build_compile_args(backend="inductor", mode={mode!r}))
     model = tiny.build()
+    for block in model.blocks[:{grad_blocks}]:  # what a LoRA patch leaves: requires_grad differs
+        block.qkv.weight.requires_grad_(True)
     out = {{"rel": []}}
     with torch.no_grad():
         cm = engine.prepare(model, settings, persistent=PersistentCache({cache!r}))
@@ -50,8 +52,9 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _child(cache: Path, mode: str = "speed") -> dict:
-    code = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests" / "unit"), cache=str(cache), mode=mode)
+def _child(cache: Path, mode: str = "speed", grad_blocks: int = 0) -> dict:
+    code = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests" / "unit"), cache=str(cache), mode=mode,
+                        grad_blocks=grad_blocks)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
@@ -84,6 +87,22 @@ def test_a_second_process_loads_the_region_without_tracing(tmp_path, mode):
     assert third["captured"] == 1 and third["loaded"] == 0 and max(third["rel"]) < 1e-5, third
     assert "torch could not load it" in third["log"]
     assert _child(cache, mode)["loaded"] == 1  # and the fresh copy loads
+
+
+@pytest.mark.slow
+def test_weights_whose_requires_grad_differs_get_their_own_saved_variant(tmp_path):
+    """ComfyUI loads parameters with requires_grad=True, and a LoRA leaves the weights it patched
+    at False; torch's saved guards pin it. Workflows that alternate (LoRA, no LoRA) across
+    restarts get a saved variant for each state, and both later load without a trace."""
+    cache = tmp_path / "cache"
+    no_lora, lora = _child(cache, grad_blocks=3), _child(cache, grad_blocks=0)
+    assert no_lora["captured"] == 1 and lora["captured"] == 1 and lora["loaded"] == 0, lora
+    assert "tracing another" in lora["log"]
+    assert len(_saved(cache)) == 2
+    for grad_blocks in (3, 0):
+        again = _child(cache, grad_blocks=grad_blocks)
+        assert again["loaded"] == 1 and again["captured"] == 0 and again["traced"] == 0, again
+        assert max(again["rel"]) < 1e-5
 
 
 def _settings():
@@ -233,6 +252,21 @@ def test_guard_names_dynamo_writes_are_understood():
     assert precompiled.parse("G['hooks'][0].fn") == ("hooks", [("item", 0), ("attr", "fn")])
     assert precompiled.resolve(precompiled.parse("G['__builtins_dict___0']['len']"), {}) is len
     assert precompiled.resolve(precompiled.parse("G['torch'].nn.functional"), {}) is torch.nn.functional
+
+
+def test_another_packs_module_in_a_guard_name_resolves(monkeypatch):
+    """Dynamo names a custom node pack's module after its folder, '-' included
+    (ComfyUI-GGUF's dequantisation): such a global is checked like any other, not refused."""
+    import types
+    mod = types.ModuleType("ComfyUI-GGUF.dequant")
+    mod.dequantize = lambda t: t
+    monkeypatch.setitem(sys.modules, "ComfyUI-GGUF.dequant", mod)
+    name = "G['__import_ComfyUI-GGUF_dot_dequant'].dequantize"
+    assert precompiled.parse(name) == ("__import_ComfyUI-GGUF_dot_dequant", [("attr", "dequantize")])
+    checks = precompiled.GlobalChecks.capture([name], {})
+    assert checks.changed() == "" and checks.described[0].startswith("function ")
+    monkeypatch.setattr(mod, "dequantize", lambda t: t * 2)
+    assert "was replaced" in checks.changed()
 
 
 def test_load_refuses_another_torch_or_region_and_never_raises(tmp_path):
