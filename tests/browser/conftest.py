@@ -38,6 +38,13 @@ LOCAL_STORAGE = {"vueNodesBannerDismissed": "true"}
 
 READY_JS = ("!!(window.app?.graph && window.app?.canvas && window.LiteGraph"
             " && LiteGraph.registered_node_types?.KSampler)")
+# ``window.app`` is set before the frontend loads its start-up workflow (the default graph, or
+# the one restored from the last session): that load runs asynchronously after READY_JS is true
+# (frontend 1.49 reliably so) and replaces the graph, wiping whatever a test built meanwhile.
+# The workflow store gets its active workflow at the end of that load (afterLoadNewGraph, after
+# graph.configure), and the start-up spinner goes off after it (1.49) or before it (1.32).
+STARTUP_LOADED_JS = ("!!(window.app?.extensionManager?.workflow?.activeWorkflow"
+                     " && !app.extensionManager.spinner)")
 
 
 def pytest_configure(config):
@@ -107,6 +114,8 @@ class ComfyPage:
         t0 = time.monotonic()
         self.page.navigate(self.host.url + "/", timeout=PAGE_TIMEOUT)
         self.page.wait_for(READY_JS, timeout=PAGE_TIMEOUT, what="the ComfyUI frontend to start")
+        self.page.wait_for(STARTUP_LOADED_JS, timeout=PAGE_TIMEOUT,
+                           what="the frontend's start-up workflow to finish loading")
         # Record the server's answer to each queued prompt (app.queuePrompt hides the prompt id).
         self.page.evaluate("""(() => {
             const api = window.comfyAPI.api.api;
@@ -144,6 +153,13 @@ class ComfyPage:
         """``[{name, value, disabled}]`` of a node's widgets, in order."""
         return self.node(node_id, "n.widgets.map(w => ({name: w.name, value: w.value, "
                                   "disabled: !!w.disabled, type: w.type}))")
+
+    def links(self):
+        """``[[origin_id, target_id, type]]`` of the root graph's links, the ids as strings: node
+        ids are numbers in frontend 1.32 but strings after ``loadGraphData`` in 1.49, so compare
+        them with ``str(id)`` (``getNodeById`` finds a node by either)."""
+        return self.page.evaluate("[...app.graph.links.values()]"
+                                  ".map(l => [String(l.origin_id), String(l.target_id), l.type])")
 
     def frame(self, node_ids, zoom=0.9):
         """Fit the canvas view to these nodes (for readable screenshots) and redraw."""
