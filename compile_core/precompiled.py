@@ -29,15 +29,11 @@ to trace, save or load means the regular path, never an error.
 """
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import hashlib
 import io
 import json
 import os
-import re
-import sys
-import types
 from pathlib import Path
 from typing import Callable
 
@@ -46,11 +42,11 @@ from torch import nn
 
 from . import log
 from .persist import write_atomic
+from .saved_guards import GlobalChecks, LocalChecks, NotSaveable, ValuePickler, keep_guard
 
 DIRNAME = "tcs_saved_regions"  # inside the entry's inductor dir (persisted and shared with it)
 MODES = ("default", "max-autotune-no-cudagraphs")
 OFF_ENV = "TORCH_COMPILE_SPEED_SAVED_REGIONS"  # operator: "0" turns this module off
-_ROOT_GLOBALS = nn.Module._call_impl.__globals__  # the traced frame is Module._call_impl
 
 
 def supported(settings, regional: bool) -> bool:
@@ -78,192 +74,17 @@ def region_key(module: nn.Module) -> str:
 _KEYS: dict[tuple, str] = {}
 
 
-# --------------------------------------------------------------------- global checks
-
-# a root may hold '-': dynamo names another pack's module after its folder
-# (``G['__import_ComfyUI-GGUF_dot_dequant']``); it is looked up, never evaluated
-_NAME = re.compile(r"G\['([A-Za-z_][A-Za-z0-9_\-]*)'\]")
-_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\['([A-Za-z_][A-Za-z0-9_]*)'\]|\[([0-9]+)\]")
-
-
-def parse(name: str) -> tuple[str, list[tuple[str, object]]] | None:
-    """Dynamo's global guard name (``G['x'].a['b'][0]``) as (root, steps), or None when it is
-    anything else. Names come from saved files, which may come from the fleet's store: they
-    are walked with getattr/getitem, never evaluated."""
-    m = _NAME.match(name)
-    if not m:
-        return None
-    steps, pos = [], m.end()
-    while pos < len(name):
-        step = _STEP.match(name, pos)
-        if not step:
-            return None
-        attr, key, index = step.groups()
-        steps.append(("attr", attr) if attr else ("item", key if key is not None else int(index)))
-        pos = step.end()
-    return m.group(1), steps
-
-
-def _root(name: str, fn_globals: dict):
-    """What a guard's ``G['name']`` is in this process: the traced function's globals, then
-    the globals of ``Module._call_impl`` (its frame), builtins, and already imported modules."""
-    if name in fn_globals:
-        return fn_globals[name]
-    if name in _ROOT_GLOBALS:
-        return _ROOT_GLOBALS[name]
-    if name.startswith("__builtins_dict___"):
-        return builtins.__dict__
-    if name.startswith("__import_"):
-        return sys.modules[name[len("__import_"):].replace("_dot_", ".")]
-    raise KeyError(name)
-
-
-def resolve(parsed: tuple[str, list], fn_globals: dict) -> object:
-    root, steps = parsed
-    value = _root(root, fn_globals)
-    for kind, what in steps:
-        value = getattr(value, what) if kind == "attr" else value[what]
-    return value
-
-
-def describe(value: object) -> str:
-    """A description of a global's value that is stable across processes."""
-    if isinstance(value, types.ModuleType):
-        return f"module {value.__name__}"
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return f"constant {value!r}"
-    if isinstance(value, (types.FunctionType, types.MethodType)):
-        fn = getattr(value, "__func__", value)
-        code = fn.__code__
-        digest = hashlib.sha256(code.co_code + repr(code.co_names).encode()).hexdigest()[:16]
-        return f"function {fn.__module__}.{fn.__qualname__} {code.co_filename}:{code.co_firstlineno} {digest}"
-    if isinstance(value, type):
-        return f"class {value.__module__}.{value.__qualname__}"
-    if callable(value) and hasattr(value, "__qualname__"):
-        return f"callable {getattr(value, '__module__', '')}.{value.__qualname__}"
-    if isinstance(value, (dict, list, tuple, set)):
-        return f"{type(value).__name__} of {len(value)}"
-    return f"object of {type(value).__module__}.{type(value).__qualname__}"
-
-
-@dataclasses.dataclass
-class GlobalChecks:
-    """The globals a saved region relied on: what they were, and the objects they are now."""
-    names: list[str]
-    described: list[str]
-
-    @classmethod
-    def capture(cls, names: list[str], fn_globals: dict) -> "GlobalChecks":
-        checks = cls(names, [])
-        checks._bind(fn_globals)
-        checks.described = [describe(v) for v in checks._objects]
-        return checks
-
-    def _bind(self, fn_globals: dict) -> None:
-        parsed = [parse(n) for n in self.names]
-        bad = [n for n, p in zip(self.names, parsed) if p is None]
-        if bad:
-            raise ValueError(f"unexpected guard name {bad[0]!r}")
-        self._globals, self._parsed = fn_globals, parsed
-        self._objects = [resolve(p, fn_globals) for p in parsed]
-        self._sizes = [len(v) if isinstance(v, _CONTAINERS) else None for v in self._objects]
-
-    def matches_now(self, fn_globals: dict) -> str:
-        """'' when every global is what it was at capture (by description); else the first that is not."""
-        try:
-            self._bind(fn_globals)
-        except Exception as exc:  # noqa: BLE001 - a name that no longer resolves
-            return f"a global it uses is gone ({exc.__class__.__name__}: {exc})"
-        for name, want, value in zip(self.names, self.described, self._objects):
-            if describe(value) != want:
-                return f"{name} is now {describe(value)}, was {want}"
-        return ""
-
-    def changed(self) -> str:
-        """Cheap per-call check against the objects bound at capture or load; '' when none changed."""
-        for name, parsed, obj, size in zip(self.names, self._parsed, self._objects, self._sizes):
-            try:
-                now = resolve(parsed, self._globals)
-            except Exception:  # noqa: BLE001
-                return f"{name} is gone"
-            if now is obj:
-                if size is not None and len(now) != size:
-                    return f"{name} changed size"
-            elif not (isinstance(now, _CONSTANTS) and type(now) is type(obj) and now == obj):
-                return f"{name} was replaced"
-        return ""
-
-
-_CONTAINERS = (dict, list, set)
-_CONSTANTS = (bool, int, float, str)
-
-
 # --------------------------------------------------------------------- capture, save, load
 
 @dataclasses.dataclass
 class _Region:
     fn: Callable                 # torch's AOTCompiledFunction
     checks: GlobalChecks
+    locals: LocalChecks
 
-
-def _keep_guard(dropped: set[str], unchecked: set[str]) -> Callable:
-    """torch's guard filter for the AOT trace: which guards to save. Globals go to ``dropped``
-    (replaced by ``GlobalChecks``); type guards on nested classes, and guards that reach a class
-    through ``type()``, are covered by ``region_key``; any other guard torch cannot save (the
-    identity of a callable passed in ``transformer_options``, a closure's contents) goes to
-    ``unchecked``: nothing would replace it, so such a region never takes the fast path."""
-    from torch._dynamo.guards import CheckFunctionManager
-    unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-
-    def nested_type(g) -> bool:
-        if g.guard_type not in ("TYPE_MATCH", "BUILTIN_MATCH") or not g.has_value:
-            return False
-        return type(g.value).__qualname__ != type(g.value).__name__
-
-    def keep(entries):
-        out = []
-        for g in entries:
-            covered = nested_type(g) or "__mro__" in g.name or "type(" in g.name
-            if g.is_global:
-                dropped.add(g.name)
-            elif g.guard_type in unsaved and not covered:
-                unchecked.add(f"{g.name} ({g.guard_type})")
-            out.append(not (g.is_global or covered or g.guard_type in unsaved))
-        return out
-    return keep
-
-
-class _ValuePickler:
-    """While tracing for the AOT API, pickle torch's dtype/layout/memory-format singletons by
-    value. torch's guard pickler marks every unguarded plain attribute of a module as missing
-    *by id*; ComfyUI 0.12+ stores ``<param>_comfy_model_dtype = torch.float32`` on modules, so
-    without this every tensor dtype in the saved guards became ``_Missing`` and no saved region
-    could be loaded (``empty_strided(): argument 'dtype' must be torch.dtype``). The method is
-    swapped on torch's own class (a subclass would be pickled by name into the file)."""
-    _SINGLETONS = (torch.dtype, torch.layout, torch.memory_format)
-
-    def __enter__(self):
-        import torch._dynamo.guards as guards
-        self._cls = getattr(guards, "GuardsStatePickler", None)
-        if self._cls is not None:
-            singletons, orig = self._SINGLETONS, self._cls.reducer_override
-
-            def reducer_override(pickler, obj):
-                if isinstance(obj, singletons):
-                    return NotImplemented  # torch.float32 etc. pickle by name
-                return orig(pickler, obj)
-
-            self._orig = orig
-            self._cls.reducer_override = reducer_override
-        return self
-
-    def __exit__(self, *exc):
-        if self._cls is not None:
-            self._cls.reducer_override = self._orig
-
-
-class NotSaveable(RuntimeError):
-    """A traced region relies on a guard that neither torch nor our checks can carry."""
+    def accepts(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
+        """torch's saved guards, then ours on the functions the call passes in."""
+        return self.fn.guard_check(module, *args, **kwargs) and self.locals.accepts(module, args, kwargs)
 
 
 def mode_options(mode: str | None, dynamic: bool | None) -> dict:
@@ -279,17 +100,19 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, compile_kwargs: dict) 
     """Trace and compile one region call with torch's AOT API (raises when it cannot, or when
     the trace relies on a guard that nothing would check on the fast path)."""
     dropped: set[str] = set()
+    local_fns: set[str] = set()
     unchecked: set[str] = set()
     kw = {k: v for k, v in compile_kwargs.items() if k in ("backend", "dynamic")}
     options = {**mode_options(compile_kwargs.get("mode"), kw.get("dynamic")),
-               "guard_filter_fn": _keep_guard(dropped, unchecked)}
+               "guard_filter_fn": keep_guard(dropped, local_fns, unchecked)}
     compiled = torch.compile(nn.Module._call_impl, fullgraph=True, options=options, **kw)
-    with _ValuePickler():
+    with ValuePickler():
         fn = compiled.aot_compile(((module, *args), kwargs))
     if unchecked:
         raise NotSaveable(f"it relies on {sorted(unchecked)[0]}, which torch cannot save "
                           "and the pack does not check")
-    return _Region(fn, GlobalChecks.capture(sorted(dropped), fn.fn.__globals__))
+    return _Region(fn, GlobalChecks.capture(sorted(dropped), fn.fn.__globals__),
+                   LocalChecks.capture(sorted(local_fns), module, args, kwargs))
 
 
 def save(region: _Region, path: Path, key: str) -> None:
@@ -297,7 +120,8 @@ def save(region: _Region, path: Path, key: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
     data = type(region.fn).serialize(region.fn).serialized_data
     meta = {"region": key, "torch": torch.__version__, "globals": region.checks.names,
-            "described": region.checks.described}
+            "described": region.checks.described, "locals": region.locals.names,
+            "locals_described": region.locals.described}
     write_atomic(path / f"{key}.bin", data)
     write_atomic(path / f"{key}.json", json.dumps(meta))
 
@@ -319,7 +143,8 @@ def load(path: Path, key: str) -> tuple[_Region | None, str]:
     problem = checks.matches_now(fn.fn.__globals__)
     if problem:
         return None, f"{problem}, so it was traced for other code"
-    return _Region(fn, checks), ""
+    local = LocalChecks(list(meta.get("locals", [])), list(meta.get("locals_described", [])))
+    return _Region(fn, checks, local), ""
 
 
 def _unmarked(values) -> tuple:
@@ -381,10 +206,10 @@ class Precompiled:
             variants = self.regions[key] = []
             self._unused[key] = self._load_saved(key)
         for region in variants:
-            if region.fn.guard_check(module, *args, **kwargs):
+            if region.accepts(module, args, kwargs):
                 return region
         for region in self._unused.get(key, ()):
-            if region.fn.guard_check(module, *args, **kwargs):
+            if region.accepts(module, args, kwargs):
                 self._unused[key].remove(region)
                 variants.append(region)
                 self.loaded += 1
@@ -439,8 +264,8 @@ class Precompiled:
             save(region, self.dir, key)
             back, why = load(self.dir, key)
             args, kwargs = _unmarked(args), {k: v for k, v in zip(kwargs, _unmarked(kwargs.values()))}
-            if back is not None and not back.fn.guard_check(module, *args, **kwargs):
-                why = "torch's saved guards reject the call it was traced for"
+            if back is not None and not back.accepts(module, args, kwargs):
+                why = "its guards reject the call it was traced for"
             if back is None or why:
                 for suffix in (".bin", ".json"):
                     (self.dir / f"{key}{suffix}").unlink(missing_ok=True)

@@ -21,6 +21,15 @@ def attention(q, k, v, transformer_options=None):
     return F.scaled_dot_product_attention(q, k, v)
 
 
+def halved(attn, q, k, v):
+    """An attention override, as a patch node sets it."""
+    return attn(q, k, v) * 0.5
+
+
+def negated(attn, q, k, v):
+    return -attn(q, k, v)
+
+
 class Block(nn.Module):
     def __init__(self, dim: int = 32, heads: int = 2):
         super().__init__()

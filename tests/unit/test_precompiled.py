@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import tcs_precompiled_model as tiny
-from compile_core import engine, precompiled
+from compile_core import engine, precompiled, saved_guards
 from compile_core.persist import PersistentCache
 from compile_core.settings import CompileSettings, build_compile_args
 
@@ -40,10 +40,11 @@ CHILD = textwrap.dedent("""
     out = {{"rel": []}}
     with torch.no_grad():
         cm = engine.prepare(model, settings, persistent=PersistentCache({cache!r}))
+        opts = {{"optimized_attention_override": getattr(tiny, {override!r})}} if {override!r} else {{}}
         for batch, tokens in ((1, 6), (1, 10), (1, 17)):  # (batch: see the host shape tests)
             x, t = tiny.inputs(batch, tokens)
-            ref = model(x, t)
-            got = cm.run(model, lambda: model(x, t), x.device)
+            ref = model(x, t, opts)
+            got = cm.run(model, lambda: model(x, t, opts), x.device)
             out["rel"].append(float((got - ref).norm() / ref.norm()))
     fast = cm.entry.precompiled
     out.update(loaded=fast.loaded, captured=fast.captured, traced=counters["stats"]["unique_graphs"],
@@ -52,9 +53,9 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _child(cache: Path, mode: str = "speed", grad_blocks: int = 0) -> dict:
+def _child(cache: Path, mode: str = "speed", grad_blocks: int = 0, override: str = "") -> dict:
     code = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests" / "unit"), cache=str(cache), mode=mode,
-                        grad_blocks=grad_blocks)
+                        grad_blocks=grad_blocks, override=override)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
@@ -126,22 +127,15 @@ def test_a_patched_global_sends_the_region_to_the_regular_path(tmp_path, monkeyp
     assert any("was replaced since it was traced" in m for m in pack_log.infos()), pack_log.infos()
 
 
-def _halved(attn, q, k, v):
-    return attn(q, k, v) * 0.5
-
-
-def _negated(attn, q, k, v):
-    return -attn(q, k, v)
-
-
 @pytest.mark.slow
 def test_an_attention_override_that_changes_is_never_run_stale(tmp_path, pack_log):
     """A patch node's ``optimized_attention_override`` in ``transformer_options``: torch cannot
-    save the guard on its identity, so the region must not take the fast path with it; the
-    output follows every change, as eager does (before and after a first capture)."""
+    save the guard on its code, so ``LocalChecks`` replaces it. The output follows every change,
+    as eager does (set before the first capture, then changed), and the fast path serves it: one
+    saved variant per override, none run for another."""
     model = tiny.build()
     x, t = tiny.inputs(1, 6)
-    runs = [_halved, _negated, None, _halved]  # set before the first capture, then changed
+    runs = [tiny.halved, tiny.negated, None, tiny.halved]
     with torch.no_grad():
         cm = engine.prepare(model, _settings(), persistent=PersistentCache(tmp_path))
         for override in runs:
@@ -150,14 +144,51 @@ def test_an_attention_override_that_changes_is_never_run_stale(tmp_path, pack_lo
             got = cm.run(model, lambda: model(x, t, opts), x.device)
             rel = float((got - ref).norm() / ref.norm())
             assert rel < 1e-5, (override, rel)
-    assert not cm.entry.failed
-    assert cm.entry.graphs >= 1  # it really compiled (a fallback to eager would also match)
+    fast = cm.entry.precompiled
+    assert not cm.entry.failed and not fast.regular, pack_log.infos()
+    assert fast.captured == 3  # halved, negated, none; the second halved run reused its variant
+
+
+@pytest.mark.slow
+def test_an_override_is_checked_after_a_restart_too(tmp_path):
+    """A restarted process loads the variant saved for the same override without a trace, and
+    traces a new one for another override, whose output follows it."""
+    cache = tmp_path / "cache"
+    first = _child(cache, override="halved")
+    assert first["captured"] == 1 and max(first["rel"]) < 1e-5, first
+    same = _child(cache, override="halved")
+    assert same["loaded"] == 1 and same["traced"] == 0 and max(same["rel"]) < 1e-5, same
+    other = _child(cache, override="negated")
+    assert other["loaded"] == 0 and other["captured"] == 1 and max(other["rel"]) < 1e-5, other
+
+
+def _closure(scale):
+    def f(attn, q, k, v):
+        return attn(q, k, v) * scale
+    return f
+
+
+def test_local_checks_compare_code_not_identity():
+    """The replacement for dynamo's code guard: the same function passes, a new closure over
+    the same code passes (its cell contents have guards of their own), another function, a
+    non-function or a missing key fails; names from a file are parsed, never evaluated."""
+    opts = {"transformer_options": {"optimized_attention_override": _closure(0.5)}}
+    name = "kwargs['transformer_options']['optimized_attention_override']"
+    checks = saved_guards.LocalChecks.capture([name], None, (), opts)
+    assert checks.accepts(None, (), opts)
+    fresh = saved_guards.LocalChecks(checks.names, checks.described)  # as loaded from a file
+    assert fresh.accepts(None, (), {"transformer_options": {"optimized_attention_override": _closure(2.0)}})
+    for value in (tiny.halved, lambda attn, q, k, v: attn(q, k, v), 1.0):
+        assert not fresh.accepts(None, (), {"transformer_options": {"optimized_attention_override": value}})
+    assert not fresh.accepts(None, (), {"transformer_options": {}})
+    assert not saved_guards.LocalChecks(["kwargs['a'](1)"], ["x"]).accepts(None, (), {"a": 1})
 
 
 def test_guards_torch_cannot_save_on_locals_are_never_dropped_silently():
     """The guard filter's decisions, on dynamo's own entry type: globals are replaced by our
-    checks, type guards on nested classes by the region key, and any other unsaveable local
-    guard (an override's identity, a closure) is reported as unchecked."""
+    checks, a function's code guard on the call's arguments by ``LocalChecks``, type guards on
+    nested classes by the region key, and any other unsaveable local guard is reported as
+    unchecked (that region then never takes the fast path)."""
     from torch._dynamo.types import GuardFilterEntry
 
     class Nested:
@@ -167,21 +198,18 @@ def test_guards_torch_cannot_save_on_locals_are_never_dropped_silently():
         return GuardFilterEntry(name=name, has_value=value is not None, value=value, guard_type=kind,
                                 derived_guard_types=(), is_global=is_global, orig_guard=None)
 
-    dropped, unchecked = set(), set()
-    keep = precompiled._keep_guard(dropped, unchecked)
+    dropped, local_fns, unchecked = set(), set(), set()
+    keep = saved_guards.keep_guard(dropped, local_fns, unchecked)
+    override = "kwargs['transformer_options']['optimized_attention_override']"
     entries = [entry("G['torch'].sigmoid", "FUNCTION_MATCH", torch.sigmoid, True),
-               entry("L['self']", "TYPE_MATCH", Nested()),
-               entry("type(L['self']).__mro__", "ID_MATCH", (object,)),
-               entry("L['kwargs']['transformer_options']['optimized_attention_override']",
-                     "FUNCTION_MATCH", _halved),
-               entry("L['kwargs']['transformer_options']['f'].__closure__[0].cell_contents",
-                     "CLOSURE_MATCH", 1.0),
-               entry("L['args'][0]", "TENSOR_MATCH", torch.zeros(1))]
+               entry("self", "TYPE_MATCH", Nested()),
+               entry("type(self).__mro__", "ID_MATCH", (object,)),
+               entry(override, "CLOSURE_MATCH", tiny.halved),
+               entry("kwargs['transformer_options']['hook']", "ID_MATCH", object()),
+               entry("args[0]", "TENSOR_MATCH", torch.zeros(1))]
     assert keep(entries) == [False, False, False, False, False, True]
-    assert dropped == {"G['torch'].sigmoid"}
-    assert {u.split(" ")[0] for u in unchecked} == {
-        "L['kwargs']['transformer_options']['optimized_attention_override']",
-        "L['kwargs']['transformer_options']['f'].__closure__[0].cell_contents"}
+    assert dropped == {"G['torch'].sigmoid"} and local_fns == {override}
+    assert unchecked == {"kwargs['transformer_options']['hook'] (ID_MATCH)"}
 
 
 def test_region_key_follows_every_submodule_class():
@@ -213,7 +241,7 @@ def test_global_checks_notice_a_replaced_function_a_grown_dict_and_a_new_constan
              "G['__import_tcs_precompiled_model'].LIMIT", "G['torch'].sigmoid"]
     monkeypatch.setattr(tiny, "HOOKS", {}, raising=False)
     monkeypatch.setattr(tiny, "LIMIT", 4, raising=False)
-    checks = precompiled.GlobalChecks.capture(names, {})
+    checks = saved_guards.GlobalChecks.capture(names, {})
     assert checks.changed() == ""
     assert checks.described[0].startswith("function tcs_precompiled_model.gate ")
     assert checks.described[2] == "constant 4" and checks.described[1] == "dict of 0"
@@ -229,29 +257,29 @@ def test_global_checks_notice_a_replaced_function_a_grown_dict_and_a_new_constan
     monkeypatch.setattr(tiny, "gate", lambda v: v)
     assert "gate was replaced" in checks.changed()
     # what a loading process compares: descriptions, not identities
-    fresh = precompiled.GlobalChecks(names, checks.described)
+    fresh = saved_guards.GlobalChecks(names, checks.described)
     assert "gate is now function" in fresh.matches_now({})
     monkeypatch.undo()
     monkeypatch.setattr(tiny, "HOOKS", {}, raising=False)
     monkeypatch.setattr(tiny, "LIMIT", 4, raising=False)
-    assert precompiled.GlobalChecks(names, checks.described).matches_now({}) == ""
-    assert "is gone" in precompiled.GlobalChecks(["G['no_such_name']"], ["x"]).matches_now({})
+    assert saved_guards.GlobalChecks(names, checks.described).matches_now({}) == ""
+    assert "is gone" in saved_guards.GlobalChecks(["G['no_such_name']"], ["x"]).matches_now({})
 
 
 @pytest.mark.parametrize("name", ["__import__('os').system('true')", "G['x'].a; import os",
                                   "G['x'](1)", "G[x]", "G['x'].__class__ if 1 else 0", "G['x']['a' + 'b']"])
 def test_guard_names_from_a_file_are_walked_never_evaluated(name, tmp_path):
-    assert precompiled.parse(name) is None
-    assert "unexpected guard name" in precompiled.GlobalChecks([name], ["x"]).matches_now({})
+    assert saved_guards.parse(name) is None
+    assert "unexpected guard name" in saved_guards.GlobalChecks([name], ["x"]).matches_now({})
 
 
 def test_guard_names_dynamo_writes_are_understood():
-    assert precompiled.parse("G['__builtins_dict___0']['len']") == (
+    assert saved_guards.parse("G['__builtins_dict___0']['len']") == (
         "__builtins_dict___0", [("item", "len")])
-    assert precompiled.parse("G['torch'].nn.functional") == ("torch", [("attr", "nn"), ("attr", "functional")])
-    assert precompiled.parse("G['hooks'][0].fn") == ("hooks", [("item", 0), ("attr", "fn")])
-    assert precompiled.resolve(precompiled.parse("G['__builtins_dict___0']['len']"), {}) is len
-    assert precompiled.resolve(precompiled.parse("G['torch'].nn.functional"), {}) is torch.nn.functional
+    assert saved_guards.parse("G['torch'].nn.functional") == ("torch", [("attr", "nn"), ("attr", "functional")])
+    assert saved_guards.parse("G['hooks'][0].fn") == ("hooks", [("item", 0), ("attr", "fn")])
+    assert saved_guards.resolve(saved_guards.parse("G['__builtins_dict___0']['len']"), {}) is len
+    assert saved_guards.resolve(saved_guards.parse("G['torch'].nn.functional"), {}) is torch.nn.functional
 
 
 def test_another_packs_module_in_a_guard_name_resolves(monkeypatch):
@@ -262,8 +290,8 @@ def test_another_packs_module_in_a_guard_name_resolves(monkeypatch):
     mod.dequantize = lambda t: t
     monkeypatch.setitem(sys.modules, "ComfyUI-GGUF.dequant", mod)
     name = "G['__import_ComfyUI-GGUF_dot_dequant'].dequantize"
-    assert precompiled.parse(name) == ("__import_ComfyUI-GGUF_dot_dequant", [("attr", "dequantize")])
-    checks = precompiled.GlobalChecks.capture([name], {})
+    assert saved_guards.parse(name) == ("__import_ComfyUI-GGUF_dot_dequant", [("attr", "dequantize")])
+    checks = saved_guards.GlobalChecks.capture([name], {})
     assert checks.changed() == "" and checks.described[0].startswith("function ")
     monkeypatch.setattr(mod, "dequantize", lambda t: t * 2)
     assert "was replaced" in checks.changed()

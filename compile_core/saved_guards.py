@@ -1,0 +1,282 @@
+"""What a saved region relied on that torch cannot save, and the checks that replace it.
+
+This is the version-sensitive part of the saved regions (``precompiled``): dynamo's guard
+names and types, and torch's guard pickler. Guard names may come from a saved file from the
+fleet's store, so they are parsed against a strict grammar and walked with getattr/getitem,
+never evaluated.
+
+- ``GlobalChecks``: globals the traced code read (``G['...']`` guards, which torch drops).
+- ``LocalChecks``: functions passed in the call's own arguments (an attention override in
+  ``transformer_options``), whose identity guard torch cannot save: their code is compared.
+- ``keep_guard``: torch's guard filter that sorts every guard into saved, replaced, or
+  covered by the region key; anything else makes the region unsaveable.
+- ``ValuePickler``: a fix for torch's guard pickler (ComfyUI 0.12+'s dtype attributes).
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import hashlib
+import re
+import sys
+import types
+from typing import Callable
+
+import torch
+from torch import nn
+
+_ROOT_GLOBALS = nn.Module._call_impl.__globals__  # the traced frame is Module._call_impl
+
+
+# a root may hold '-': dynamo names another pack's module after its folder
+# (``G['__import_ComfyUI-GGUF_dot_dequant']``); it is looked up, never evaluated
+_NAME = re.compile(r"G\['([A-Za-z_][A-Za-z0-9_\-]*)'\]")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\['([A-Za-z_][A-Za-z0-9_]*)'\]|\[([0-9]+)\]")
+
+
+def parse(name: str) -> tuple[str, list[tuple[str, object]]] | None:
+    """Dynamo's global guard name (``G['x'].a['b'][0]``) as (root, steps), or None when it is
+    anything else. Names come from saved files, which may come from the fleet's store: they
+    are walked with getattr/getitem, never evaluated."""
+    m = _NAME.match(name)
+    steps = _steps(name, m.end()) if m else None
+    return None if steps is None else (m.group(1), steps)
+
+
+_LOCAL = re.compile(r"(self|args|kwargs)(?![A-Za-z0-9_])")  # Module._call_impl's locals
+
+
+def parse_local(name: str) -> tuple[str, list[tuple[str, object]]] | None:
+    """A guard name on the traced call's own arguments (``kwargs['transformer_options']['f']``)
+    as (root, steps), or None."""
+    m = _LOCAL.match(name)
+    steps = _steps(name, m.end()) if m else None
+    return None if steps is None else (m.group(1), steps)
+
+
+def _steps(name: str, pos: int) -> list[tuple[str, object]] | None:
+    steps = []
+    while pos < len(name):
+        step = _STEP.match(name, pos)
+        if not step:
+            return None
+        attr, key, index = step.groups()
+        steps.append(("attr", attr) if attr else ("item", key if key is not None else int(index)))
+        pos = step.end()
+    return steps
+
+
+def _root(name: str, fn_globals: dict):
+    """What a guard's ``G['name']`` is in this process: the traced function's globals, then
+    the globals of ``Module._call_impl`` (its frame), builtins, and already imported modules."""
+    if name in fn_globals:
+        return fn_globals[name]
+    if name in _ROOT_GLOBALS:
+        return _ROOT_GLOBALS[name]
+    if name.startswith("__builtins_dict___"):
+        return builtins.__dict__
+    if name.startswith("__import_"):
+        return sys.modules[name[len("__import_"):].replace("_dot_", ".")]
+    raise KeyError(name)
+
+
+def resolve(parsed: tuple[str, list], fn_globals: dict) -> object:
+    root, steps = parsed
+    return _walk(_root(root, fn_globals), steps)
+
+
+def _walk(value: object, steps: list) -> object:
+    for kind, what in steps:
+        value = getattr(value, what) if kind == "attr" else value[what]
+    return value
+
+
+def code_digest(code: types.CodeType) -> str:
+    """A hash of what a code object does, stable across processes: its bytecode, the names and
+    constants it uses (nested code objects hashed the same way), not where it sits in memory."""
+    h = hashlib.sha256(code.co_code + repr((code.co_names, code.co_varnames, code.co_freevars)).encode())
+    for const in code.co_consts:
+        h.update(code_digest(const).encode() if isinstance(const, types.CodeType) else repr(const).encode())
+    return h.hexdigest()[:16]
+
+
+def describe(value: object) -> str:
+    """A description of a global's value that is stable across processes."""
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return f"constant {value!r}"
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        fn = getattr(value, "__func__", value)
+        code = fn.__code__
+        return (f"function {fn.__module__}.{fn.__qualname__} {code.co_filename}:{code.co_firstlineno} "
+                f"{code_digest(code)}")
+    if isinstance(value, type):
+        return f"class {value.__module__}.{value.__qualname__}"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"callable {getattr(value, '__module__', '')}.{value.__qualname__}"
+    if isinstance(value, (dict, list, tuple, set)):
+        return f"{type(value).__name__} of {len(value)}"
+    return f"object of {type(value).__module__}.{type(value).__qualname__}"
+
+
+@dataclasses.dataclass
+class GlobalChecks:
+    """The globals a saved region relied on: what they were, and the objects they are now."""
+    names: list[str]
+    described: list[str]
+
+    @classmethod
+    def capture(cls, names: list[str], fn_globals: dict) -> "GlobalChecks":
+        checks = cls(names, [])
+        checks._bind(fn_globals)
+        checks.described = [describe(v) for v in checks._objects]
+        return checks
+
+    def _bind(self, fn_globals: dict) -> None:
+        parsed = [parse(n) for n in self.names]
+        bad = [n for n, p in zip(self.names, parsed) if p is None]
+        if bad:
+            raise ValueError(f"unexpected guard name {bad[0]!r}")
+        self._globals, self._parsed = fn_globals, parsed
+        self._objects = [resolve(p, fn_globals) for p in parsed]
+        self._sizes = [len(v) if isinstance(v, _CONTAINERS) else None for v in self._objects]
+
+    def matches_now(self, fn_globals: dict) -> str:
+        """'' when every global is what it was at capture (by description); else the first that is not."""
+        try:
+            self._bind(fn_globals)
+        except Exception as exc:  # noqa: BLE001 - a name that no longer resolves
+            return f"a global it uses is gone ({exc.__class__.__name__}: {exc})"
+        for name, want, value in zip(self.names, self.described, self._objects):
+            if describe(value) != want:
+                return f"{name} is now {describe(value)}, was {want}"
+        return ""
+
+    def changed(self) -> str:
+        """Cheap per-call check against the objects bound at capture or load; '' when none changed."""
+        for name, parsed, obj, size in zip(self.names, self._parsed, self._objects, self._sizes):
+            try:
+                now = resolve(parsed, self._globals)
+            except Exception:  # noqa: BLE001
+                return f"{name} is gone"
+            if now is obj:
+                if size is not None and len(now) != size:
+                    return f"{name} changed size"
+            elif not (isinstance(now, _CONSTANTS) and type(now) is type(obj) and now == obj):
+                return f"{name} was replaced"
+        return ""
+
+
+_CONTAINERS = (dict, list, set)
+_CONSTANTS = (bool, int, float, str)
+
+
+@dataclasses.dataclass
+class LocalChecks:
+    """Functions the traced call received in its own arguments (a patch node's
+    ``optimized_attention_override`` in ``transformer_options``). dynamo guards each one on its
+    ``__code__`` identity, which torch cannot save; this compares the code instead: by
+    identity for code objects already seen to match, else by ``describe`` (module, qualified
+    name, file, line and a hash of bytecode, names and constants). What the function's closure
+    or globals hold has guards of its own (saved by torch, or ``GlobalChecks``)."""
+    names: list[str]
+    described: list[str]
+
+    def __post_init__(self):
+        self._parsed = [parse_local(n) for n in self.names]
+        self._seen: list[dict[int, types.CodeType]] = [{} for _ in self.names]
+
+    @classmethod
+    def capture(cls, names: list[str], module, args: tuple, kwargs: dict) -> "LocalChecks":
+        values = [_walk({"self": module, "args": args, "kwargs": kwargs}[p[0]], p[1])
+                  for p in (parse_local(n) for n in names)]
+        checks = cls(names, [describe(v) for v in values])
+        for seen, value in zip(checks._seen, values):
+            seen[id(value.__code__)] = value.__code__
+        return checks
+
+    def accepts(self, module, args: tuple, kwargs: dict) -> bool:
+        """True when every function is one the region was traced with (cheap when seen)."""
+        for parsed, want, seen in zip(self._parsed, self.described, self._seen):
+            if parsed is None:
+                return False
+            try:
+                value = _walk({"self": module, "args": args, "kwargs": kwargs}[parsed[0]], parsed[1])
+            except Exception:  # noqa: BLE001 - the argument is not there in this call
+                return False
+            code = getattr(value, "__code__", None)
+            if type(value) is not types.FunctionType or code is None:
+                return False
+            if id(code) not in seen or seen[id(code)] is not code:
+                if describe(value) != want:
+                    return False
+                seen[id(code)] = code
+        return True
+
+
+def keep_guard(dropped: set[str], local_fns: set[str], unchecked: set[str]) -> Callable:
+    """torch's guard filter for the AOT trace: which guards to save. Globals go to ``dropped``
+    (replaced by ``GlobalChecks``); the code guard of a function passed in the call's own
+    arguments goes to ``local_fns`` (replaced by ``LocalChecks``); type guards on nested
+    classes, and guards that reach a class through ``type()``, are covered by the region key;
+    any other guard torch cannot save goes to ``unchecked``: nothing would replace it, so such
+    a region never takes the fast path."""
+    from torch._dynamo.guards import CheckFunctionManager
+    unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+
+    def nested_type(g) -> bool:
+        if g.guard_type not in ("TYPE_MATCH", "BUILTIN_MATCH") or not g.has_value:
+            return False
+        return type(g.value).__qualname__ != type(g.value).__name__
+
+    def local_fn(g) -> bool:
+        return (g.guard_type in ("CLOSURE_MATCH", "FUNCTION_MATCH", "ID_MATCH") and g.has_value
+                and type(g.value) is types.FunctionType and parse_local(g.name) is not None)
+
+    def keep(entries):
+        out = []
+        for g in entries:
+            covered = nested_type(g) or "__mro__" in g.name or "type(" in g.name
+            if g.is_global:
+                dropped.add(g.name)
+            elif g.guard_type in unsaved and not covered and local_fn(g):
+                local_fns.add(g.name)
+            elif g.guard_type in unsaved and not covered:
+                unchecked.add(f"{g.name} ({g.guard_type})")
+            out.append(not (g.is_global or covered or g.guard_type in unsaved))
+        return out
+    return keep
+
+
+class ValuePickler:
+    """While tracing for the AOT API, pickle torch's dtype/layout/memory-format singletons by
+    value. torch's guard pickler marks every unguarded plain attribute of a module as missing
+    *by id*; ComfyUI 0.12+ stores ``<param>_comfy_model_dtype = torch.float32`` on modules, so
+    without this every tensor dtype in the saved guards became ``_Missing`` and no saved region
+    could be loaded (``empty_strided(): argument 'dtype' must be torch.dtype``). The method is
+    swapped on torch's own class (a subclass would be pickled by name into the file)."""
+    _SINGLETONS = (torch.dtype, torch.layout, torch.memory_format)
+
+    def __enter__(self):
+        import torch._dynamo.guards as guards
+        self._cls = getattr(guards, "GuardsStatePickler", None)
+        if self._cls is not None:
+            singletons, orig = self._SINGLETONS, self._cls.reducer_override
+
+            def reducer_override(pickler, obj):
+                if isinstance(obj, singletons):
+                    return NotImplemented  # torch.float32 etc. pickle by name
+                return orig(pickler, obj)
+
+            self._orig = orig
+            self._cls.reducer_override = reducer_override
+        return self
+
+    def __exit__(self, *exc):
+        if self._cls is not None:
+            self._cls.reducer_override = self._orig
+
+
+class NotSaveable(RuntimeError):
+    """A traced region relies on a guard that neither torch nor our checks can carry."""
