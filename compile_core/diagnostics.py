@@ -227,13 +227,16 @@ def diagnose(compiled_model, diffusion_model: nn.Module, eager: Callable[[], obj
              compiled: Callable[[], object], runs: int, device: torch.device | None = None,
              inputs_note: str = "", auto_disable: bool = False,
              path_roots: tuple[str, ...] = (),
-             reraise: tuple[type[BaseException], ...] = ()) -> Report:
+             reraise: tuple[type[BaseException], ...] = (),
+             check_interrupt: Callable[[], None] | None = None) -> Report:
     """Everything in the module docstring, for one ``engine.CompiledModel``.
 
     ``eager``/``compiled``: one model step each on the same inputs (the compiled one through
     ``CompiledModel.run``). A model call that fails (e.g. on inputs guessed for a family
     without a recipe) skips the timing, with the error in the report, instead of failing the
-    workflow; ``reraise`` lists exceptions that must propagate (ComfyUI's interrupt)."""
+    workflow; ``reraise`` lists exceptions that must propagate (ComfyUI's interrupt).
+    ``check_interrupt`` (the host's cancel check) is called between model calls and before each
+    graph-break trace; what it raises propagates, so a cancel stops the diagnosis promptly."""
     from . import scoped  # local: keep this module importable without the engine's deps
 
     cm = compiled_model
@@ -250,7 +253,7 @@ def diagnose(compiled_model, diffusion_model: nn.Module, eager: Callable[[], obj
     try:
         with capture_inputs(targets) as captured:
             eager()  # the inputs each region type really gets, from one real eager step
-        rep.timing = measure(eager, compiled, runs, device)
+        rep.timing = measure(eager, compiled, runs, device, check_interrupt=check_interrupt)
         rep.timing_note = inputs_note or "measured"
     except Exception as exc:  # noqa: BLE001 - reported; sampling is what must work
         if isinstance(exc, reraise):
@@ -270,6 +273,8 @@ def diagnose(compiled_model, diffusion_model: nn.Module, eager: Callable[[], obj
                 notes.append(f"{type(module).__name__} was not called")
                 continue
             args, kwargs = captured[i]
+            if check_interrupt is not None:
+                check_interrupt()
             try:
                 with scoped.scoped_state(**scoped.knobs_for(cm.settings, on_cuda)):
                     breaks += find_graph_breaks(module, args, kwargs)

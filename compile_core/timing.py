@@ -43,12 +43,16 @@ def _cuda(device) -> bool:
 
 def measure(eager: Callable[[], object], compiled: Callable[[], object], runs: int,
             device: torch.device | None = None,
-            clock: Callable[[], float] = time.perf_counter) -> Timing:
+            clock: Callable[[], float] = time.perf_counter,
+            check_interrupt: Callable[[], None] | None = None) -> Timing:
     """Warm up each variant once, then call them alternately ``runs`` times each.
 
     The order flips every round (E C, C E, ...) so slow drift (thermal, another process)
     hits both equally; the medians ignore a stray slow call. On CUDA every call is
-    synchronised and the peak allocated memory of the measured calls is kept per variant."""
+    synchronised and the peak allocated memory of the measured calls is kept per variant.
+
+    ``check_interrupt`` (the host's cancel check, e.g. ComfyUI's) is called before every call,
+    warm-ups included: whatever it raises stops the measurement and propagates."""
     if runs < 1:
         raise ValueError("runs must be at least 1")
     on_cuda = _cuda(device)
@@ -58,6 +62,8 @@ def measure(eager: Callable[[], object], compiled: Callable[[], object], runs: i
             torch.cuda.synchronize(device)
 
     def timed(call) -> float:
+        if check_interrupt is not None:
+            check_interrupt()
         sync()
         start = clock()
         call()

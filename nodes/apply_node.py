@@ -55,10 +55,7 @@ class ApplyTorchCompile:
                         "eager. %s", settings.backend, fallback.explain(exc))
             return (model,)
         patched = comfy_bridge.with_compile_wrapper(model, compiled, unique_id)
-        try:
-            comfy_bridge.compile_ahead(patched, compiled)
-        except Exception as exc:  # noqa: BLE001 - an optimisation: sampling compiles instead
-            log.warning("compile-ahead skipped (%s: %s); the first sampling step compiles instead",
-                        type(exc).__name__, exc)
+        # logs and skips its own failures; a cancel (ComfyUI's interrupt) propagates
+        comfy_bridge.compile_ahead(patched, compiled)
         comfy_bridge.send_status(status_payload(compiled, unique_id))
         return (patched,)

@@ -67,11 +67,26 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
     clone = _compile_clone(model_patcher)
     apply_model = patcher_extension.WrappersMP.APPLY_MODEL
     clone.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
-    clone.remove_wrappers_with_key(apply_model, CORE_COMPILE_KEY)  # never compile twice
+    if clone.get_wrappers(apply_model, CORE_COMPILE_KEY):  # never compile twice
+        clone.remove_wrappers_with_key(apply_model, CORE_COMPILE_KEY)
+        log.warning("Apply Torch Compile replaced core's TorchCompileModel wrapper: compiling twice "
+                    "would trace this pack's runtime code inside core's compiled model (graph "
+                    "breaks, a second compile). Remove TorchCompileModel from this model's path.")
+    other_compile_warned = []  # once per Apply
 
     def torch_compile_speed_wrapper(executor, *args, **kwargs):
         base_model = executor.class_obj
         x = args[0] if args else kwargs["x"]
+        if not other_compile_warned:
+            options = args[5] if len(args) > 5 else kwargs.get("transformer_options") or {}
+            others = [k for k in options.get("wrappers", {}).get(apply_model, {})
+                      if k != WRAPPER_KEY and "compile" in str(k).lower()]
+            if others:
+                other_compile_warned.append(True)
+                log.warning("this compiled model also carries another torch.compile wrapper (%s), "
+                            "e.g. core's TorchCompileModel applied after Apply Torch Compile: "
+                            "compiling twice, the other compile traces this pack's runtime code "
+                            "(graph breaks, slower). Use one of the two.", ", ".join(map(str, others)))
         if not compiled.entry.runs and not compiled.entry.failed:  # the UI shows "compiling..."
             send_status({**status_payload(compiled, node_id), "state": "compiling"})
         out = compiled.run(base_model.diffusion_model, lambda: executor(*args, **kwargs), x.device)
@@ -121,7 +136,10 @@ def diagnosis_calls(model_patcher, compiled, latent_samples):
     Eager is ``BaseModel.apply_model`` without our wrapper; compiled is the same call through
     ``CompiledModel.run``, exactly as the wrapper runs it during sampling. ``transformer_options``
     are the model's own (minus wrappers) plus what the sampler adds per step, so the compiled
-    regions see what they see while sampling (and do not recompile for the diagnosis)."""
+    regions see what they see while sampling (and do not recompile for the diagnosis).
+
+    Both calls check ComfyUI's interrupt first, so a cancel (POST /interrupt) stops the
+    measuring loop between runs; ``check_interrupt`` is that check for ``diagnose``."""
     import os
     import types
     import uuid
@@ -147,11 +165,18 @@ def diagnosis_calls(model_patcher, compiled, latent_samples):
                     "sigmas": inputs["t"]})
     inputs["transformer_options"] = options
 
-    def eager():
+    check_interrupt = comfy.model_management.throw_exception_if_processing_interrupted
+
+    def eager_step():
         return base.apply_model(**inputs)
 
+    def eager():
+        check_interrupt()
+        return eager_step()
+
     def compiled_call():
-        return compiled.run(dm, eager, device)
+        check_interrupt()
+        return compiled.run(dm, eager_step, device)
 
     note = (f"latent {list(shape)} with random values, "
             + (f"{family} inputs" if known else "x and t only (no input recipe for "
@@ -159,41 +184,58 @@ def diagnosis_calls(model_patcher, compiled, latent_samples):
     comfy_root = os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__)))
     return types.SimpleNamespace(
         diffusion_model=dm, device=device, eager=eager, compiled=compiled_call, note=note,
-        path_roots=(comfy_root,), reraise=(comfy.model_management.InterruptProcessingException,))
+        path_roots=(comfy_root,), reraise=(comfy.model_management.InterruptProcessingException,),
+        check_interrupt=check_interrupt)
 
 
 def compile_ahead(model_patcher, compiled) -> None:
     """Compile before sampling: run the compiled model on inputs shaped like the declared
-    latent(s), ``warmup_runs`` times, with ComfyUI's progress bar."""
+    latent(s), ``warmup_runs`` times, with ComfyUI's progress bar.
+
+    A cancel (POST /interrupt) is checked before every run and propagates, so the prompt stops
+    (ComfyUI 0.3.75's ``InterruptProcessingException`` is an ``Exception``: it must not be taken
+    for a compile-ahead failure). Any other failure is logged and sampling compiles instead."""
     import time
 
     import comfy.utils
     import torch
 
+    interrupt = comfy.model_management.InterruptProcessingException
+    check_interrupt = comfy.model_management.throw_exception_if_processing_interrupted
     sizes = warmup.ahead_sizes(compiled.settings)
     if not sizes:
         return
-    base = model_patcher.model
-    comfy.model_management.load_models_gpu([model_patcher])
-    device = model_patcher.load_device
-    dtype = base.manual_cast_dtype or base.get_dtype()
-    runs = compiled.settings.warmup_runs
-    pbar = comfy.utils.ProgressBar(runs * len(sizes))
-    compiled.mark_warmed()
-    for size in sizes:
-        inputs = warmup.ahead_inputs(base.diffusion_model, family_of(base.diffusion_model),
-                                     base.latent_format.latent_channels, size, device, dtype)
-        if inputs is None:
-            log.info("no compile-ahead recipe for %s; it compiles at the first sampling step",
-                     type(base.diffusion_model).__name__)
-            return
-        start = time.perf_counter()
-        for _ in range(runs):
-            with torch.no_grad():
-                compiled.run(base.diffusion_model, lambda: base.apply_model(**inputs), device)
-            pbar.update(1)
-        log.info("compiled ahead for %dx%dx%d (%d run(s)) in %.1f s", *size, runs,
-                 time.perf_counter() - start)
+    try:
+        base = model_patcher.model
+        check_interrupt()
+        comfy.model_management.load_models_gpu([model_patcher])
+        device = model_patcher.load_device
+        dtype = base.manual_cast_dtype or base.get_dtype()
+        runs = compiled.settings.warmup_runs
+        pbar = comfy.utils.ProgressBar(runs * len(sizes))
+        compiled.mark_warmed()
+        for size in sizes:
+            inputs = warmup.ahead_inputs(base.diffusion_model, family_of(base.diffusion_model),
+                                         base.latent_format.latent_channels, size, device, dtype)
+            if inputs is None:
+                log.info("no compile-ahead recipe for %s; it compiles at the first sampling step",
+                         type(base.diffusion_model).__name__)
+                return
+            start = time.perf_counter()
+            for _ in range(runs):
+                check_interrupt()
+                with torch.no_grad():
+                    compiled.run(base.diffusion_model, lambda: base.apply_model(**inputs), device)
+                pbar.update(1)
+            log.info("compiled ahead for %dx%dx%d (%d run(s)) in %.1f s", *size, runs,
+                     time.perf_counter() - start)
+        check_interrupt()
+    except interrupt:
+        log.info("compile-ahead cancelled (interrupt)")
+        raise
+    except Exception as exc:  # noqa: BLE001 - an optimisation: sampling compiles instead
+        log.warning("compile-ahead skipped (%s: %s); the first sampling step compiles instead",
+                    type(exc).__name__, exc)
 
 
 def user_directory() -> str:

@@ -51,7 +51,7 @@ class TorchCompileDiagnostics:
         report = diagnostics.diagnose(
             compiled, calls.diffusion_model, calls.eager, calls.compiled, measure_runs,
             device=calls.device, inputs_note=calls.note, auto_disable=auto_disable_if_slower,
-            path_roots=calls.path_roots, reraise=calls.reraise)
+            path_roots=calls.path_roots, reraise=calls.reraise, check_interrupt=calls.check_interrupt)
         out = model
         if report.auto_disabled:
             out = comfy_bridge.without_compile_wrapper(model)
