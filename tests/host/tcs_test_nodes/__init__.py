@@ -499,3 +499,106 @@ NODE_CLASS_MAPPINGS = {c.__name__: c for c in (TCSTestZeroConditioning, TCSTestP
                                                 TCSTestForceLowVram, TCSTestDynamicVramLoader,
                                                 TCSTestPatcherInfo)}
 NODE_DISPLAY_NAME_MAPPINGS = {k: f"[test] {k}" for k in NODE_CLASS_MAPPINGS}
+
+
+# --- TCSTestAttentionOverride (issue #13): an attention override set the way patch nodes do it
+
+
+def _qkv_override(transform):
+    """An ``optimized_attention_override(func, *args, **kwargs)`` that runs ComfyUI's own
+    attention ``func`` on ``transform(q, k, v)``. Module-level objects: a stable identity, so
+    running the same choice again is not a new function to dynamo."""
+    def override(func, *args, **kwargs):
+        names = ("q", "k", "v")
+        qkv = list(args[:3]) + [kwargs.pop(n) for n in names[len(args[:3]):]]
+        return func(*transform(*qkv), *args[3:], **kwargs)
+    return override
+
+
+ATTENTION_OVERRIDES = {
+    "scale_q_0.5": _qkv_override(lambda q, k, v: (q * 0.5, k, v)),
+    "scale_q_2": _qkv_override(lambda q, k, v: (q * 2.0, k, v)),
+    "negate_v": _qkv_override(lambda q, k, v: (q, k, -v)),
+}
+
+
+class TCSTestAttentionOverride:
+    """TEST-ONLY: a clone of MODEL with ``transformer_options["optimized_attention_override"]``
+    set to a deterministic override (``none`` removes it), as SageAttention-style patch nodes do
+    (``model.clone()`` + ``model_options`` edit; ComfyUI's attention calls
+    ``override(original_attention, *args, **kwargs)``)."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",),
+                             "override": (["none", *ATTENTION_OVERRIDES], {"default": "none"})}}
+
+    def patch(self, model, override):
+        m = model.clone()
+        opts = dict(m.model_options.get("transformer_options", {}))
+        opts.pop("optimized_attention_override", None)
+        if override != "none":
+            opts["optimized_attention_override"] = ATTENTION_OVERRIDES[override]
+        m.model_options["transformer_options"] = opts
+        return (m,)
+
+
+NODE_CLASS_MAPPINGS[TCSTestAttentionOverride.__name__] = TCSTestAttentionOverride
+NODE_DISPLAY_NAME_MAPPINGS[TCSTestAttentionOverride.__name__] = "[test] TCSTestAttentionOverride"
+
+
+# --- TCSTestWaitForInterrupt (issue #13): a cancel that lands at a known model call
+
+
+class TCSTestWaitForInterrupt:
+    """TEST-ONLY: MODEL passed through unchanged, with a one-shot forward pre-hook on its
+    diffusion model: its ``call``-th forward (counted from this node's run) logs
+    ``TCSTest: waiting for an interrupt`` and blocks until ComfyUI's interrupt flag is set (the
+    test POSTs /interrupt), then runs on. The next forward after that logs
+    ``TCSTest: model call after the interrupt`` and removes the hook (no more calls were
+    expected: a cancel must stop the prompt before another model call). Use a server of the
+    test's own: the hook stays on the (shared) module until such a call happens."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "arm"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",),
+                             "call": ("INT", {"default": 1, "min": 1, "max": 1000}),
+                             "timeout_s": ("FLOAT", {"default": 300.0, "min": 1.0, "max": 3600.0})}}
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")  # re-arm on every queue
+
+    def arm(self, model, call, timeout_s):
+        import time
+        import comfy.model_management as mm
+
+        dm = model.get_model_object("diffusion_model")
+        state = {"calls": 0, "waited": False}
+
+        def pre_hook(module, args, kwargs=None):
+            state["calls"] += 1
+            if state["waited"]:
+                log.warning("TCSTest: model call after the interrupt")
+                handle.remove()
+            elif state["calls"] == call:
+                log.warning("TCSTest: waiting for an interrupt (model call %d)", call)
+                deadline = time.monotonic() + timeout_s
+                while not mm.processing_interrupted() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                state["waited"] = True
+                log.warning("TCSTest: interrupt seen: %s", mm.processing_interrupted())
+            return None
+
+        handle = dm.register_forward_pre_hook(pre_hook)
+        return (model,)
+
+
+NODE_CLASS_MAPPINGS[TCSTestWaitForInterrupt.__name__] = TCSTestWaitForInterrupt
+NODE_DISPLAY_NAME_MAPPINGS[TCSTestWaitForInterrupt.__name__] = "[test] TCSTestWaitForInterrupt"
