@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import enum
 import hashlib
 import re
 import sys
@@ -28,9 +29,10 @@ from torch import nn
 _ROOT_GLOBALS = nn.Module._call_impl.__globals__  # the traced frame is Module._call_impl
 
 
-# a root may hold '-': dynamo names another pack's module after its folder
-# (``G['__import_ComfyUI-GGUF_dot_dequant']``); it is looked up, never evaluated
-_NAME = re.compile(r"G\['([A-Za-z_][A-Za-z0-9_\-]*)'\]")
+# a root may hold any character but a quote or bracket: dynamo names another pack's
+# module after the key ComfyUI put in sys.modules, its folder's path on 0.33
+# (``G['__import_/…/custom_nodes/ComfyUI-GGUF_dot_dequant']``); it is a dict key, never evaluated
+_NAME = re.compile(r"G\['([^'\]]+)'\]")
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\['([A-Za-z_][A-Za-z0-9_]*)'\]|\[([0-9]+)\]")
 
 
@@ -75,8 +77,9 @@ def _root(name: str, fn_globals: dict):
         return _ROOT_GLOBALS[name]
     if name.startswith("__builtins_dict___"):
         return builtins.__dict__
-    if name.startswith("__import_"):
-        return sys.modules[name[len("__import_"):].replace("_dot_", ".")]
+    if name.startswith("__import_"):  # (a Windows path comes with its backslashes escaped)
+        key = name[len("__import_"):].replace("_dot_", ".")
+        return sys.modules[key] if key in sys.modules else sys.modules[key.replace("\\\\", "\\")]
     raise KeyError(name)
 
 
@@ -104,6 +107,8 @@ def describe(value: object) -> str:
     """A description of a global's value that is stable across processes."""
     if isinstance(value, types.ModuleType):
         return f"module {value.__name__}"
+    if isinstance(value, enum.Enum):
+        return f"enum {type(value).__module__}.{type(value).__qualname__}.{value.name}"
     if value is None or isinstance(value, (bool, int, float, str)):
         return f"constant {value!r}"
     if isinstance(value, (types.FunctionType, types.MethodType)):
@@ -174,18 +179,20 @@ _CONSTANTS = (bool, int, float, str)
 
 @dataclasses.dataclass
 class LocalChecks:
-    """Functions the traced call received in its own arguments (a patch node's
-    ``optimized_attention_override`` in ``transformer_options``). dynamo guards each one on its
-    ``__code__`` identity, which torch cannot save; this compares the code instead: by
-    identity for code objects already seen to match, else by ``describe`` (module, qualified
-    name, file, line and a hash of bytecode, names and constants). What the function's closure
-    or globals hold has guards of its own (saved by torch, or ``GlobalChecks``)."""
+    """Values the traced call received in its own arguments that dynamo guards by identity,
+    which torch cannot save: functions (a patch node's ``optimized_attention_override`` in
+    ``transformer_options``; dynamo guards their ``__code__``) and enum members (a GGUF
+    weight's ``tensor_type``). This compares what the identity stands for: the code object or
+    the member itself when already seen to match, else ``describe`` (for a function: module,
+    qualified name, file, line and a hash of bytecode, names and constants; for a member: its
+    class and name). What a function's closure or globals hold has guards of its own (saved by
+    torch, or ``GlobalChecks``)."""
     names: list[str]
     described: list[str]
 
     def __post_init__(self):
         self._parsed = [parse_local(n) for n in self.names]
-        self._seen: list[dict[int, types.CodeType]] = [{} for _ in self.names]
+        self._seen: list[dict[int, object]] = [{} for _ in self.names]
 
     @classmethod
     def capture(cls, names: list[str], module, args: tuple, kwargs: dict) -> "LocalChecks":
@@ -193,11 +200,11 @@ class LocalChecks:
                   for p in (parse_local(n) for n in names)]
         checks = cls(names, [describe(v) for v in values])
         for seen, value in zip(checks._seen, values):
-            seen[id(value.__code__)] = value.__code__
+            seen[id(_identity(value))] = _identity(value)
         return checks
 
     def accepts(self, module, args: tuple, kwargs: dict) -> bool:
-        """True when every function is one the region was traced with (cheap when seen)."""
+        """True when every value is one the region was traced with (cheap when seen)."""
         for parsed, want, seen in zip(self._parsed, self.described, self._seen):
             if parsed is None:
                 return False
@@ -205,14 +212,19 @@ class LocalChecks:
                 value = _walk({"self": module, "args": args, "kwargs": kwargs}[parsed[0]], parsed[1])
             except Exception:  # noqa: BLE001 - the argument is not there in this call
                 return False
-            code = getattr(value, "__code__", None)
-            if type(value) is not types.FunctionType or code is None:
+            if not isinstance(value, (types.FunctionType, enum.Enum)):
                 return False
-            if id(code) not in seen or seen[id(code)] is not code:
+            key = _identity(value)
+            if seen.get(id(key)) is not key:
                 if describe(value) != want:
                     return False
-                seen[id(code)] = code
+                seen[id(key)] = key
         return True
+
+
+def _identity(value: object) -> object:
+    """What dynamo's identity guard on ``value`` stands for: a function's code, or the value."""
+    return value.__code__ if type(value) is types.FunctionType else value
 
 
 def keep_guard(dropped: set[str], local_fns: set[str], unchecked: set[str]) -> Callable:
@@ -231,8 +243,11 @@ def keep_guard(dropped: set[str], local_fns: set[str], unchecked: set[str]) -> C
         return type(g.value).__qualname__ != type(g.value).__name__
 
     def local_fn(g) -> bool:
-        return (g.guard_type in ("CLOSURE_MATCH", "FUNCTION_MATCH", "ID_MATCH") and g.has_value
-                and type(g.value) is types.FunctionType and parse_local(g.name) is not None)
+        if not g.has_value or parse_local(g.name) is None:
+            return False
+        if g.guard_type in ("CLOSURE_MATCH", "FUNCTION_MATCH"):
+            return type(g.value) is types.FunctionType
+        return g.guard_type == "ID_MATCH" and isinstance(g.value, enum.Enum)  # GGUF tensor_type
 
     def keep(entries):
         out = []

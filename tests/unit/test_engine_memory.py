@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
 import torch
 
 from compile_core import engine, fingerprint
@@ -94,3 +95,33 @@ def test_dropped_models_free_their_weights_after_a_recompile(wan, graph_count):
     del model, cm
     gc.collect()
     assert [r() for r in refs] == [None, None]
+
+
+@pytest.mark.slow
+def test_models_on_the_saved_region_path_are_freed_too(tmp_path, monkeypatch):
+    """The saved-region path (torch's AOT functions, our guard checks, the persistent cache):
+    models of two structures, a registry bounded to one entry, every region run on the fast
+    path; afterwards no model, block or weight is alive."""
+    import tcs_precompiled_model as tiny
+    from compile_core.persist import PersistentCache
+    monkeypatch.setattr(REGISTRY, "max_entries", 1)
+    refs, entry_refs = [], []
+    for i, dim in enumerate((32, 32, 48, 48)):
+        torch.manual_seed(i)
+        model = tiny.WanModel(n_blocks=2, dim=dim).eval().requires_grad_(False)
+        x, t = tiny.inputs(1, 6)
+        with torch.no_grad():
+            ref = model(x, t)
+            cm = engine.prepare(model, settings(backend="inductor"), persistent=PersistentCache(tmp_path))
+            out = cm.run(model, lambda: model(x, t), CPU)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+        fast = cm.entry.precompiled
+        assert fast is not None and fast.captured + fast.loaded == 1 and not fast.regular
+        refs += [weakref.ref(model), weakref.ref(model.blocks[0]), weakref.ref(model.blocks[1].qkv.weight)]
+        entry_refs.append(weakref.ref(cm.entry))
+        del model, cm, out, ref, x, t, fast
+    gc.collect()
+    alive = [r() for r in refs if r() is not None]
+    assert not alive, (f"{len(alive)} of {len(refs)} still alive, e.g. {type(alive[0]).__name__}: held by "
+                       f"{[type(o).__name__ for o in gc.get_referrers(alive[0])][:8]}")
+    assert entry_refs[0]() is None  # the evicted entry went with its saved-region functions

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,37 @@ def test_load_refuses_another_torch_or_region_and_never_raises(tmp_path):
     assert region is None and "torch could not load it" in why
     (d / "Block-0.json").write_text("{not json")
     assert precompiled.load(d, "Block-0") == (None, "")
+
+
+def test_an_enum_member_on_a_weight_is_checked_by_class_and_name():
+    """ComfyUI-GGUF's weights carry ``tensor_type`` (an enum member) that dynamo guards by
+    identity; ``LocalChecks`` compares the member (same class and name), across processes too."""
+    import enum
+
+    class Quant(enum.IntEnum):
+        Q8_0 = 8
+        Q4_K = 12
+
+    name = "self._parameters['weight'].tensor_type"
+    module = types.SimpleNamespace(_parameters={"weight": types.SimpleNamespace(tensor_type=Quant.Q8_0)})
+    checks = saved_guards.LocalChecks.capture([name], module, (), {})
+    fresh = saved_guards.LocalChecks(checks.names, checks.described)
+    assert checks.accepts(module, (), {}) and fresh.accepts(module, (), {})
+    module._parameters["weight"].tensor_type = Quant.Q4_K
+    assert not checks.accepts(module, (), {}) and not fresh.accepts(module, (), {})
+    module._parameters["weight"].tensor_type = 8  # equal as an int, but not the member
+    assert not fresh.accepts(module, (), {})
+
+
+def test_a_custom_node_module_named_by_its_path_resolves(monkeypatch):
+    """ComfyUI 0.33 keys a custom node folder in sys.modules by its path, so dynamo's name for
+    its module holds '/', '-', and on Windows ':' and backslashes (escaped in the name)."""
+    mod = types.ModuleType("x")
+    mod.dequantize = len
+    key = "/srv/ComfyUI/custom_nodes/ComfyUI-GGUF.dequant"
+    monkeypatch.setitem(sys.modules, key, mod)
+    name = "G['__import_/srv/ComfyUI/custom_nodes/ComfyUI-GGUF_dot_dequant'].dequantize"
+    assert saved_guards.resolve(saved_guards.parse(name), {}) is len
+    monkeypatch.setitem(sys.modules, "C:\\ComfyUI\\custom_nodes\\ComfyUI-GGUF.dequant", mod)  # fake Windows
+    windows = "G['__import_C:\\\\ComfyUI\\\\custom_nodes\\\\ComfyUI-GGUF_dot_dequant'].dequantize"
+    assert saved_guards.resolve(saved_guards.parse(windows), {}) is len

@@ -224,3 +224,32 @@ def test_a_malformed_manifest_is_ignored_with_one_warning(tmp_path, monkeypatch,
 
 def test_a_missing_manifest_is_not_reported(tmp_path, pack_log):
     assert prewarm.read_manifest(tmp_path) == {} and pack_log.warnings() == []
+
+
+def test_a_compile_stops_a_running_warm_up_thread_and_waits_for_it(tmp_path):
+    """The real background thread, started as the server starts it: ``wait()`` (what every
+    first compile calls) stops it at its next file and returns only once it has ended, so its
+    imports never race the compile; the log says how far it got."""
+    files = sorted(str(p) for p in (Path(torch.__file__).parent / "_dynamo").rglob("*.py"))
+    (tmp_path / "prewarm.json").write_text(json.dumps({"modules": ["torch._inductor.compile_fx"],
+                                                       "files": files}))
+    got = _child(f"""
+        import json, logging
+        lines = []
+        handler = logging.Handler()
+        handler.emit = lambda record: lines.append(record.getMessage())
+        logging.getLogger("TorchCompileSpeed").addHandler(handler)
+        logging.getLogger("TorchCompileSpeed").setLevel(logging.INFO)
+        from compile_core import prewarm
+        started = prewarm.start({str(tmp_path)!r})
+        alive = prewarm._thread.is_alive()
+        prewarm.wait()
+        print(json.dumps({{"started": started, "alive_before": alive,
+                           "alive_after": prewarm._thread.is_alive(), "log": lines}}))
+    """)
+    assert got["started"] and got["alive_before"], got  # it was running when the compile came
+    assert not got["alive_after"]
+    done = [ln for ln in got["log"] if "warmed torch's compiler stack" in ln]
+    assert len(done) == 1, got["log"]
+    indexed = int(done[0].split(" modules, ")[1].split(" source files")[0])
+    assert indexed < len(files), (indexed, len(files))  # stopped early, not run to the end
