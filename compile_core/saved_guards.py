@@ -11,6 +11,21 @@ never evaluated.
 - ``keep_guard``: torch's guard filter that sorts every guard into saved, replaced, or
   covered by the region key; anything else makes the region unsaveable.
 - ``ValuePickler``: a fix for torch's guard pickler (ComfyUI 0.12+'s dtype attributes).
+
+The guard kinds torch cannot save (``CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``:
+DICT_VERSION, NN_MODULE, ID_MATCH, FUNCTION_MATCH, CLASS_MATCH, MODULE_MATCH, CLOSURE_MATCH,
+WEAKREF_ALIVE), and what replaces each (``tests/unit/test_precompiled.py`` tests every one):
+
+| where the guard is | replaced by |
+|---|---|
+| any kind on a global (``G[...]``) | ``GlobalChecks``: described at capture and load, identity per call |
+| CLOSURE_MATCH / FUNCTION_MATCH on a function in the arguments | ``LocalChecks``: its code |
+| ID_MATCH on an enum member in the arguments | ``LocalChecks``: class and member name |
+| a class reached through ``type()`` / ``__mro__``, a nested class's TYPE_MATCH | the region key (every submodule's class) |
+| anything else on the arguments | nothing: the region takes the regular path |
+
+Every other guard (sizes, strides, dtypes, devices, constants, dict keys, attributes) is saved
+by torch and checked by it on every call.
 """
 from __future__ import annotations
 

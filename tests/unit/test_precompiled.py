@@ -345,3 +345,51 @@ def test_a_custom_node_module_named_by_its_path_resolves(monkeypatch):
     monkeypatch.setitem(sys.modules, "C:\\ComfyUI\\custom_nodes\\ComfyUI-GGUF.dequant", mod)  # fake Windows
     windows = "G['__import_C:\\\\ComfyUI\\\\custom_nodes\\\\ComfyUI-GGUF_dot_dequant'].dequantize"
     assert saved_guards.resolve(saved_guards.parse(windows), {}) is len
+
+
+def _unsaved_kinds():
+    from torch._dynamo.guards import CheckFunctionManager
+    return sorted(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+
+
+@pytest.mark.parametrize("kind", _unsaved_kinds())
+def test_every_guard_kind_torch_cannot_save_is_replaced_or_refused(kind):
+    """The list of guard kinds torch cannot save (torch's own), each on every kind of source:
+    on a global it is replaced by ``GlobalChecks``; on the call's arguments, a function's code
+    guard (CLOSURE_MATCH, FUNCTION_MATCH) and an enum member's identity (ID_MATCH) are replaced
+    by ``LocalChecks``; a type reached through ``type()`` is covered by the region key; anything
+    else is refused, so the region never takes the fast path. None is ever kept or dropped
+    silently."""
+    import enum
+    from torch._dynamo.types import GuardFilterEntry
+
+    class Member(enum.Enum):
+        A = 1
+
+    def entry(name, value, is_global=False):
+        return GuardFilterEntry(name=name, has_value=True, value=value, guard_type=kind,
+                                derived_guard_types=(), is_global=is_global, orig_guard=None)
+
+    cases = {"global": entry("G['x'].y", tiny.halved, True), "object": entry("kwargs['o']", object()),
+             "function": entry("kwargs['f']", tiny.halved), "member": entry("args[1].t", Member.A),
+             "class": entry("type(self).__mro__", (object,))}
+    dropped, local_fns, unchecked = set(), set(), set()
+    kept = saved_guards.keep_guard(dropped, local_fns, unchecked)(list(cases.values()))
+    assert not any(kept)
+    assert dropped == {"G['x'].y"}
+    replaced = {"kwargs['f']"} if kind in ("CLOSURE_MATCH", "FUNCTION_MATCH") else set()
+    replaced |= {"args[1].t"} if kind == "ID_MATCH" else set()
+    assert local_fns == replaced
+    refused = {"kwargs['o']", "kwargs['f']", "args[1].t"} - replaced
+    assert {u.split(" (")[0] for u in unchecked} == refused
+
+
+@pytest.mark.parametrize("kind", ["TENSOR_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "DICT_CONTAINS",
+                                  "LENGTH_CHECK", "DICT_KEYS_MATCH", "HASATTR", "NOT_NONE_MATCH"])
+def test_guard_kinds_torch_saves_are_kept_on_arguments(kind):
+    from torch._dynamo.types import GuardFilterEntry
+    g = GuardFilterEntry(name="kwargs['transformer_options']['block_index']", has_value=True, value=3,
+                         guard_type=kind, derived_guard_types=(), is_global=False, orig_guard=None)
+    dropped, local_fns, unchecked = set(), set(), set()
+    assert saved_guards.keep_guard(dropped, local_fns, unchecked)([g]) == [True]
+    assert not (dropped or local_fns or unchecked)
