@@ -71,9 +71,22 @@ def parse_local(name: str) -> tuple[str, list[tuple[str, object]]] | None:
     return None if steps is None else (m.group(1), steps)
 
 
+_NTH_KEY = re.compile(r"\)\)\[([0-9]+)\]\]")
+
+
 def _steps(name: str, pos: int) -> list[tuple[str, object]] | None:
+    """The steps after a root: ``.attr``, ``['key']``, ``[0]``, and dynamo's N-th dict key,
+    ``[list(dict.keys(<the path so far>))[N]]`` (only with exactly the path so far inside)."""
     steps = []
     while pos < len(name):
+        nth = f"[list(dict.keys({name[:pos]}"
+        if name.startswith(nth, pos):
+            m = _NTH_KEY.match(name, pos + len(nth))
+            if not m:
+                return None
+            steps.append(("nth_key", int(m.group(1))))
+            pos = m.end()
+            continue
         step = _STEP.match(name, pos)
         if not step:
             return None
@@ -105,7 +118,12 @@ def resolve(parsed: tuple[str, list], fn_globals: dict) -> object:
 
 def _walk(value: object, steps: list) -> object:
     for kind, what in steps:
-        value = getattr(value, what) if kind == "attr" else value[what]
+        if kind == "attr":
+            value = getattr(value, what)
+        elif kind == "nth_key":
+            value = value[list(dict.keys(value))[what]]
+        else:
+            value = value[what]
     return value
 
 

@@ -1,14 +1,24 @@
-"""Issue #3 shape policy on a real ComfyUI server: one compiled graph serves every latent size."""
+"""Issue #3 shape policy on a real ComfyUI server: one compiled graph serves every latent size.
+
+Issue #13: every sweep also checks that something really compiled (new dynamo graphs on its
+first size, from the probe counters, and the pack's "compiled" line for the blocks) and that
+nothing fell back to eager (no "runs eagerly" line, no failed compile), so "0 new graphs at the
+other sizes" cannot pass by not compiling at all."""
 import pytest
 
-from harness import counters_delta, rel_l2, wan_t2v_prompt
+from harness import counters_delta, new_graphs, pack_lines, rel_l2, wan_t2v_prompt
 
 SIZES = [(128, 128, 5), (160, 128, 5), (128, 192, 9), (96, 96, 1), (192, 160, 13), (128, 128, 17)]
 
 
-def sweep(host, model, settings, cfg=1.0, sizes=SIZES):
-    """Run each size eagerly and compiled; return new dynamo graphs per compiled run and errors."""
+def sweep(host, model, settings, cfg=1.0, sizes=SIZES, compiles_first=True):
+    """Run each size eagerly and compiled; return new dynamo graphs per compiled run and errors.
+
+    Asserts that no compiled run fell back to eager, and (``compiles_first``: the first size is
+    the first compile of this model and these settings in the server) that the first size
+    compiled new graphs and the pack logged it for the transformer blocks."""
     graphs, errors = [], []
+    offset = host.log_offset()
     for i, (w, h, f) in enumerate(sizes):
         eager = host.run(wan_t2v_prompt(model, apply=False, width=w, height=h, length=f,
                                         prefix=f"e{w}x{h}x{f}"))
@@ -18,9 +28,16 @@ def sweep(host, model, settings, cfg=1.0, sizes=SIZES):
         eager_p = host.probe(eager)
         hist = host.run(prompt)
         delta = counters_delta(eager_p["counters"], host.probe(hist)["counters"])
-        graphs.append(delta.get("stats", {}).get("unique_graphs", 0))
+        graphs.append(new_graphs(delta))
         if cfg == 1.0:
             errors.append(rel_l2(host.latent(hist), host.latent(eager)))
+    log = host.log_text(since=offset)
+    assert not pack_lines(log, "runs eagerly"), log[-4000:]  # a failed compile or recompile limit
+    assert not pack_lines(log, "compile failed"), log[-4000:]
+    if compiles_first:
+        assert graphs[0] > 0, (graphs, log[-4000:])
+        blocks = "WanAttentionBlock" if settings.get("compile_transformer_blocks_only", True) else ""
+        assert pack_lines(log, "compiled", blocks), log[-4000:]
     return graphs, errors
 
 
@@ -37,7 +54,7 @@ def test_auto_policy_covers_batch_two_after_batch_one(comfy_host, tiny_wan):
     """cfg > 1 doubles the batch: the 0/1-specialisation trap would cost a recompile here."""
     settings = {"backend": "aot_eager", "shape_policy": "auto", "dynamo_recompile_limit": 11}
     g1, _ = sweep(comfy_host, tiny_wan, settings, cfg=1.0, sizes=SIZES[:2])
-    g2, _ = sweep(comfy_host, tiny_wan, settings, cfg=3.0, sizes=SIZES[2:4])
+    g2, _ = sweep(comfy_host, tiny_wan, settings, cfg=3.0, sizes=SIZES[2:4], compiles_first=False)
     assert g1[1:] == [0] and g2 == [0, 0], (g1, g2)
 
 

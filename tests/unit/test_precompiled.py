@@ -393,3 +393,17 @@ def test_guard_kinds_torch_saves_are_kept_on_arguments(kind):
     dropped, local_fns, unchecked = set(), set(), set()
     assert saved_guards.keep_guard(dropped, local_fns, unchecked)([g]) == [True]
     assert not (dropped or local_fns or unchecked)
+
+
+def test_dynamos_nth_dict_key_step_is_walked_not_evaluated(monkeypatch):
+    """A dict iterated in the traced code (ComfyUI-GGUF's ``dequantize_functions``) gives names
+    with dynamo's N-th-key step; only the exact form over the same path is accepted."""
+    mod = types.ModuleType("pack.dequant")
+    mod.table = {"a": len, "b": abs}
+    monkeypatch.setitem(sys.modules, "pack.dequant", mod)
+    base = "G['__import_pack_dot_dequant'].table"
+    name = f"{base}[list(dict.keys({base}))[1]]"
+    assert saved_guards.resolve(saved_guards.parse(name), {}) is abs
+    for bad in (f"{base}[list(dict.keys(G['os']))[1]]", f"{base}[list(dict.keys({base}))[1]]()",
+                f"{base}[list(dict.keys({base}) + [1])[1]]"):
+        assert saved_guards.parse(bad) is None, bad
