@@ -55,7 +55,19 @@ def parse(name: str) -> tuple[str, list[tuple[str, object]]] | None:
     """Dynamo's global guard name (``G['x'].a['b'][0]``) as (root, steps), or None when it is
     anything else. Names come from saved files, which may come from the fleet's store: they
     are walked with getattr/getitem, never evaluated."""
-    m = _NAME.match(name)
+    return _parse(_NAME, name)
+
+
+_KEY_AT = re.compile(r"list\(dict\.keys\((.+)\)\)\[([0-9]+)\]\Z")
+
+
+def _parse(root: re.Pattern, name: str) -> tuple[str, list[tuple[str, object]]] | None:
+    """``<root><steps>``, or dynamo's N-th key of a dict, ``list(dict.keys(<that>))[N]``."""
+    key_at = _KEY_AT.match(name)
+    if key_at:
+        inner = _parse(root, key_at.group(1))
+        return None if inner is None else (inner[0], [*inner[1], ("key_at", int(key_at.group(2)))])
+    m = root.match(name)
     steps = _steps(name, m.end()) if m else None
     return None if steps is None else (m.group(1), steps)
 
@@ -66,9 +78,7 @@ _LOCAL = re.compile(r"(self|args|kwargs)(?![A-Za-z0-9_])")  # Module._call_impl'
 def parse_local(name: str) -> tuple[str, list[tuple[str, object]]] | None:
     """A guard name on the traced call's own arguments (``kwargs['transformer_options']['f']``)
     as (root, steps), or None."""
-    m = _LOCAL.match(name)
-    steps = _steps(name, m.end()) if m else None
-    return None if steps is None else (m.group(1), steps)
+    return _parse(_LOCAL, name)
 
 
 _NTH_KEY = re.compile(r"\)\)\[([0-9]+)\]\]")
@@ -122,6 +132,8 @@ def _walk(value: object, steps: list) -> object:
             value = getattr(value, what)
         elif kind == "nth_key":
             value = value[list(dict.keys(value))[what]]
+        elif kind == "key_at":
+            value = list(dict.keys(value))[what]
         else:
             value = value[what]
     return value

@@ -9,25 +9,8 @@ import torch
 from compile_core import engine, log
 from compile_core import persist
 from compile_core.persist import PersistentCache
-from compile_core.settings import CompileSettings, build_compile_args
 
-CPU = torch.device("cpu")
-
-
-def settings(**kw):
-    kw.setdefault("backend", "aot_eager")
-    kw.setdefault("mode", "default")
-    return CompileSettings.from_args(build_compile_args(**kw))
-
-
-def run(cm, model, *inputs):
-    with torch.no_grad():
-        return cm.run(model, lambda: model(*inputs), CPU)
-
-
-def eager(model, *inputs):
-    with torch.no_grad():
-        return model(*inputs)
+from tcs_engine_helpers import CPU, eager, run, settings
 
 
 def _fail(exc):

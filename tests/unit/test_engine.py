@@ -10,26 +10,8 @@ from torch import nn
 
 from compile_core import engine, scoped
 from compile_core.registry import REGISTRY
-from compile_core.settings import CompileSettings, build_compile_args
 
-CPU = torch.device("cpu")
-
-
-def settings(**kw):
-    kw.setdefault("backend", "aot_eager")
-    kw.setdefault("mode", "default")
-    return CompileSettings.from_args(build_compile_args(**kw))
-
-
-def run(cm, model, *inputs):
-    """One sampler step: the engine wraps ``model(*inputs)`` like the APPLY_MODEL wrapper does."""
-    with torch.no_grad():
-        return cm.run(model, lambda: model(*inputs), CPU)
-
-
-def eager(model, *inputs):
-    with torch.no_grad():
-        return model(*inputs)
+from tcs_engine_helpers import CPU, eager, run, settings
 
 
 def attached_anywhere(model: nn.Module) -> list[str]:

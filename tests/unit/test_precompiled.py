@@ -404,6 +404,8 @@ def test_dynamos_nth_dict_key_step_is_walked_not_evaluated(monkeypatch):
     base = "G['__import_pack_dot_dequant'].table"
     name = f"{base}[list(dict.keys({base}))[1]]"
     assert saved_guards.resolve(saved_guards.parse(name), {}) is abs
+    assert saved_guards.resolve(saved_guards.parse(f"list(dict.keys({base}))[1]"), {}) == "b"
+    assert saved_guards.parse(f"list(dict.keys({base}))[1]; x") is None
     for bad in (f"{base}[list(dict.keys(G['os']))[1]]", f"{base}[list(dict.keys({base}))[1]]()",
                 f"{base}[list(dict.keys({base}) + [1])[1]]"):
         assert saved_guards.parse(bad) is None, bad
