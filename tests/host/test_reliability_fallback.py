@@ -89,19 +89,24 @@ def test_backend_failing_while_compiling_falls_back_eagerly_once(comfy_host, tin
     warnings = pack_lines(log, "eagerly")
     assert len(warnings) == 1, log
     assert "boom" in warnings[0] and RAISING in warnings[0] and "fix:" in warnings[0], warnings
-    # later runs, with the Apply node cached and re-executed: no retry, no new warning, same output
+    # a later run with the Apply node cached (same inputs): no retry, no new warning, same output
     probe = host.probe(hist)
     offset = host.log_offset()
-    for i, limit in enumerate((128, 100)):
-        hist = host.run(wan_t2v_prompt(tiny_wan, compile_settings={"backend": RAISING,
-                                                                   "dynamo_recompile_limit": limit},
-                                       prefix=f"rb{i + 1}"))
-        assert torch.equal(host.latent(hist), eager)
-        delta = counters_delta(probe["counters"], host.probe(hist)["counters"])
-        assert new_graphs(delta) == 0 and delta.get("stats", {}).get("calls_captured", 0) == 0, delta
-        probe = host.probe(hist)
+    hist = host.run(wan_t2v_prompt(tiny_wan, compile_settings={"backend": RAISING}, prefix="rb1"))
+    assert torch.equal(host.latent(hist), eager)
+    delta = counters_delta(probe["counters"], host.probe(hist)["counters"])
+    assert new_graphs(delta) == 0 and delta.get("stats", {}).get("calls_captured", 0) == 0, delta
     log = host.log_text(since=offset)
     assert not pack_lines(log, "eagerly") and not pack_lines(log, "failed"), log
+    # the Apply node run again (another input): it retries once (a failure may be transient),
+    # fails the same way here, says so once, and the output is still eager's
+    offset = host.log_offset()
+    hist = host.run(wan_t2v_prompt(tiny_wan, compile_settings={"backend": RAISING,
+                                                               "dynamo_recompile_limit": 100},
+                                   prefix="rb2"))
+    assert torch.equal(host.latent(hist), eager)
+    warnings = pack_lines(host.log_text(since=offset), "eagerly")
+    assert len(warnings) == 1 and "boom" in warnings[0], warnings
 
 
 def test_backend_failing_inside_torch_compile_leaves_the_model_eager(comfy_host, tiny_wan):
