@@ -50,11 +50,14 @@ def test_auto_policy_one_inductor_graph_for_all_sizes(make_host, tiny_wan):
     assert max(errors) < 1e-3, errors
 
 
-def test_auto_policy_covers_batch_two_after_batch_one(comfy_host, tiny_wan):
-    """cfg > 1 doubles the batch: the 0/1-specialisation trap would cost a recompile here."""
+def test_auto_policy_covers_batch_two_after_batch_one(make_host, tiny_wan):
+    """cfg > 1 doubles the batch: the 0/1-specialisation trap would cost a recompile here.
+    Its own server: in the session's, earlier tests compiled this model with these settings, so
+    the first sweep would reuse their graphs instead of compiling."""
+    host = make_host()
     settings = {"backend": "aot_eager", "shape_policy": "auto", "dynamo_recompile_limit": 11}
-    g1, _ = sweep(comfy_host, tiny_wan, settings, cfg=1.0, sizes=SIZES[:2])
-    g2, _ = sweep(comfy_host, tiny_wan, settings, cfg=3.0, sizes=SIZES[2:4], compiles_first=False)
+    g1, _ = sweep(host, tiny_wan, settings, cfg=1.0, sizes=SIZES[:2])
+    g2, _ = sweep(host, tiny_wan, settings, cfg=3.0, sizes=SIZES[2:4], compiles_first=False)
     assert g1[1:] == [0] and g2 == [0, 0], (g1, g2)
 
 
