@@ -22,10 +22,14 @@ What is not saved is replaced by checks of our own:
   function is keyed by the types of every submodule of its region (``region_key``), so it
   only runs on a module made of exactly those classes.
 - Local guards (sizes, dtypes, devices, strides, attribute values, dict keys) are saved and
-  checked on every call. A call they reject goes to the regular path.
+  checked on every call; the identity guards torch cannot save on the call's own arguments
+  (an attention override's code, a GGUF weight's enum) are replaced by ``LocalChecks``. A
+  call no saved variant accepts gets a variant of its own (``Precompiled.VARIANTS``), then
+  the regular path. ``saved_guards`` lists every guard kind and what replaces it.
 
 Only regional inductor compiles without CUDA graphs use this (``supported``); any failure
-to trace, save or load means the regular path, never an error.
+to trace, save or load means the regular path, never an error. Each saved file is loaded
+back and checked against the call it was traced for before it is kept.
 """
 from __future__ import annotations
 
