@@ -173,6 +173,7 @@ class Precompiled:
         self.captured = 0
         self._keys: dict[int, str] = {}
         self._unused: dict[str, list[_Region]] = {}  # loaded from disk, no call accepted yet
+        self._in_use: set[str] = set()  # variant file names loaded or saved here: never overwritten
 
     def begin_run(self, modules: list[nn.Module], device: torch.device) -> None:
         """Once per model call: key the region modules (and the device: the same fingerprint
@@ -229,6 +230,7 @@ class Precompiled:
                 log.info("saved region %s in %s not used: %s", _variant_name(key, n), self.dir, why)
             if region is not None:
                 out.append(region)
+                self._in_use.add(_variant_name(key, n))
         return out
 
     def _capture(self, key, module, args, kwargs, mark) -> _Region | None:
@@ -253,13 +255,16 @@ class Precompiled:
             return None
         self.captured += 1
         name = _variant_name(key, self._free_slot(key))
+        self._in_use.add(name)
         self._save_checked(region, name, module, args, kwargs)
         variants.append(region)
         return region
 
     def _free_slot(self, key: str) -> int:
-        return next((n for n in range(self.VARIANTS)
-                     if not (self.dir / f"{_variant_name(key, n)}.bin").exists()), 0)
+        """An empty slot, else one whose file could not be used: never a variant in use."""
+        free = [n for n in range(self.VARIANTS) if _variant_name(key, n) not in self._in_use]
+        empty = [n for n in free if not (self.dir / f"{_variant_name(key, n)}.bin").exists()]
+        return (empty or free)[0]
 
     def _save_checked(self, region: _Region, key: str, module, args, kwargs) -> None:
         """Save, then load the file back and check it accepts this very call: a file that a
