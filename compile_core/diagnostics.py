@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .graph_breaks import GraphBreak, capture_inputs, find_graph_breaks, one_per_type
+from .longpaths import on_windows
 from .recompiles import Recompile, recompiles_from
 from .timing import Timing, _cuda, measure
 
@@ -55,6 +56,7 @@ class Report:
     auto_disable_requested: bool = False
     auto_disabled: bool = False
     path_roots: tuple[str, ...] = ()
+    compile_threads: int | None = None  # inductor's; torch forces 1 on Windows
 
     # -- decisions
     @property
@@ -129,6 +131,9 @@ class Report:
             lines.append(f"  {s(f.get('frame', '?'))}: {float(f.get('seconds') or 0):.2f} s"
                          + (f" ({', '.join(tag)})" if tag else ""))
 
+        if self.backend == "inductor" and self.compile_threads == 1:
+            lines.append(f"Kernel compiles: one at a time ({_threads_reason()}), so a cold compile "
+                         "takes longer here; persistent and fleet cache hits skip that work")
         if self.graph_breaks is None:
             n = self.resume_frames
             lines.append("Graph breaks: not analysed" + (f" ({self.breaks_note})" if self.breaks_note else "")
@@ -189,7 +194,8 @@ class Report:
 
 MAX_FRAME_LINES = 40
 RESUME_PREFIX = "torch_dynamo_resume_in_"
-_PATH_AT_LINE = re.compile(r"[^\s:()\[\]'\"]+\.py(?=:\d+)")
+# a path before ":<line>", a Windows drive letter (C:\ or C:/) included
+_PATH_AT_LINE = re.compile(r"(?:[A-Za-z]:(?=[\\/]))?[^\s:()\[\]'\"]+\.py(?=:\d+)")
 
 
 def _short_path(path: str, roots: list[str]) -> str:
@@ -208,6 +214,22 @@ def _short_path(path: str, roots: list[str]) -> str:
             if os.path.isfile(os.path.join(root, *parts[i:])):
                 return os.path.join(*parts[i:])
     return path
+
+
+def _threads_reason() -> str:
+    if os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "").strip():
+        return "TORCHINDUCTOR_COMPILE_THREADS sets inductor's compile_threads to 1"
+    if on_windows():
+        return "inductor's compile_threads is 1: torch forces it on Windows"
+    return "inductor's compile_threads is 1"
+
+
+def _compile_threads() -> int | None:
+    try:
+        from torch._inductor import config as inductor_config
+        return inductor_config.compile_threads
+    except Exception:  # noqa: BLE001 - no inductor: nothing to say
+        return None
 
 
 def _plural(n: int, word: str) -> str:
@@ -246,7 +268,7 @@ def diagnose(compiled_model, diffusion_model: nn.Module, eager: Callable[[], obj
                  backend=cm.settings.backend, mode=cm.settings.mode,
                  shape_policy=cm.settings.shape_policy, reused=cm.reused,
                  persistent=cm.persistent is not None, auto_disable_requested=auto_disable,
-                 path_roots=path_roots)
+                 path_roots=path_roots, compile_threads=_compile_threads())
 
     targets = one_per_type(cm.plan.modules(diffusion_model))
     captured: dict = {}

@@ -31,15 +31,15 @@ import math
 import json
 import os
 import platform
-import subprocess
 import tarfile
 import time
 from pathlib import Path, PurePosixPath
 
 import torch
 
-from . import log
+from . import log, longpaths
 from .persist import write_atomic
+from .preflight import compiler_banner
 
 STORE_ENV = "TORCH_COMPILE_SPEED_SHARED_CACHE"
 MAX_MB_ENV = "TORCH_COMPILE_SPEED_SHARED_MAX_MB"
@@ -52,6 +52,7 @@ SIGNED_MAGIC = b"TCSFLEET1-HMAC-SHA256\n"  # then the hex HMAC, a newline, and a
 KEY_PREFIX = "tcs:compile:"
 MANIFEST_MAX_BYTES = 1 << 20  # the shared prewarm manifest (a list of module and file names)
 PREFETCH_MAX = 4  # entries a new worker fetches at start-up
+TMP_SUFFIX = ".fleet-tmp"  # an unpacked file is written beside its target, then renamed
 
 
 class FleetError(RuntimeError):
@@ -100,9 +101,7 @@ def _cpu_identity() -> str:
         flags = platform.processor()
     try:
         from torch._inductor import cpp_builder
-        cxx = cpp_builder.get_cpp_compiler()
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
-                                 timeout=20).stdout.splitlines()[0]
+        version = compiler_banner(cpp_builder.get_cpp_compiler()) or "no-cxx"
     except Exception:  # noqa: BLE001 - no compiler: the key still differs from one that has it
         version = "no-cxx"
     march = os.environ.get("TORCHINDUCTOR_CPP_MARCH", "native")
@@ -111,9 +110,9 @@ def _cpu_identity() -> str:
 
 def _triton_version() -> str:
     """The installed Triton's version, whichever distribution ships it (PyPI's ``triton``, or
-    ``pytorch-triton`` / ``pytorch-triton-rocm`` next to nightly and ROCm torch builds)."""
+    ``triton-windows`` on Windows, ``pytorch-triton`` / ``pytorch-triton-rocm`` next to nightly and ROCm builds)."""
     from importlib.metadata import PackageNotFoundError, version
-    for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm"):
+    for dist in ("triton", "triton-windows", "pytorch-triton", "pytorch-triton-rocm"):
         try:
             return f"{dist}=={version(dist)}"
         except PackageNotFoundError:
@@ -163,6 +162,7 @@ def unpack_into(data: bytes, dest: Path) -> int:
                 raise FleetError(f"unsafe archive member {m.name!r} (link or special file)")
             if not (dest / m.name).resolve().is_relative_to(dest):
                 raise FleetError(f"archive member {m.name!r} escapes {dest}")
+            _check_length(dest / m.name)
         dest.mkdir(parents=True, exist_ok=True)
         for m in members:
             target = dest / m.name
@@ -171,12 +171,21 @@ def unpack_into(data: bytes, dest: Path) -> int:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             src = tar.extractfile(m)
-            tmp = target.with_name(target.name + ".fleet-tmp")
+            tmp = target.with_name(target.name + TMP_SUFFIX)
             with open(tmp, "wb") as out:
                 out.write(src.read())
             os.chmod(tmp, 0o644 | (0o111 if m.mode & 0o111 else 0))
             os.replace(tmp, target)
     return sum(1 for m in members if m.isfile())
+
+
+def _check_length(target: Path) -> None:
+    """Windows without long paths cannot write a member this deep (nor its temp file)."""
+    length = len(str(target)) + len(TMP_SUFFIX)
+    if not longpaths.fits(length):
+        raise FleetError(f"archive member {target} would be a {length}-character path here, "
+                         f"past Windows' {longpaths.MAX_PATH}-character limit (long paths are "
+                         "not enabled)")
 
 
 def seal(key: str, identity: dict, payload: bytes) -> bytes:

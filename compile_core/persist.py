@@ -1,9 +1,9 @@
 """Persistent warm start: compile caches kept per fingerprint, so a restarted server reuses them.
 
-Each fingerprint gets ``<root>/<fingerprint>/`` holding the inductor cache dir that torch
-uses during our runs: FX graph + AOTAutograd caches, the compiled C++ ``.so`` files on CPU,
-and on GPU the Triton kernels and autotune results (``TRITON_CACHE_DIR`` is set inside it,
-so torch never picks a process-wide one). Torch's mega-cache bytes
+Each fingerprint gets ``<root>/<its first 16 hex digits>/`` holding the inductor cache dir
+that torch uses during our runs: FX graph + AOTAutograd caches, the compiled C++ ``.so`` files
+on CPU, and on GPU the Triton kernels and autotune results (``TRITON_CACHE_DIR`` is set inside
+it, so torch never picks a process-wide one). Torch's mega-cache bytes
 (``save_cache_artifacts``) are not written separately: they serialize these same entries,
 and torch records them for the whole process rather than per model. The directory size
 is bounded: least recently used fingerprints are evicted first. A ``meta.json`` written
@@ -22,12 +22,18 @@ from pathlib import Path
 
 import torch
 
-from . import log
+from . import log, longpaths
 
 ROOT_ENV = "TORCH_COMPILE_SPEED_CACHE_DIR"       # operator: where the persistent cache lives
 MAX_GB_ENV = "TORCH_COMPILE_SPEED_CACHE_MAX_GB"  # operator: size bound (default below)
 DEFAULT_MAX_GB = 20.0
 META = "meta.json"
+# Short path components: Windows without long paths refuses paths of 260 characters or more,
+# and torch nests its files about 190 characters below the inductor dir (see longpaths).
+# 16 hex digits keep entries apart (meta.json holds the whole fingerprint and is checked).
+ENTRY_CHARS = 16
+INDUCTOR_SUBDIR = "inductor"
+TRITON_SUBDIR = "t"
 WRITING_GRACE_S = 60.0  # a .so younger than this may still be being written by another process
 
 
@@ -117,17 +123,20 @@ class PersistentCache:
     @classmethod
     def default(cls, user_dir: str | os.PathLike) -> "PersistentCache | None":
         """The operator's ``TORCH_COMPILE_SPEED_CACHE_DIR`` (``off`` disables), else under ComfyUI's
-        user directory."""
+        user directory. On Windows without long paths, a root too deep for torch's nested files
+        moves to ``%LOCALAPPDATA%\\tcs`` (the operator's root never moves: None then, said once)."""
         configured = os.environ.get(ROOT_ENV, "").strip()
         if configured.lower() in ("off", "0", "none", "false"):
             return None
-        return cls(configured or Path(user_dir) / "torch_compile_speed" / "cache")
+        root = Path(configured) if configured else Path(user_dir) / "torch_compile_speed" / "cache"
+        root = longpaths.choose_root(root, deepest_path, movable=not configured)
+        return None if root is None else cls(root)
 
     def entry_dir(self, fingerprint: str) -> Path:
-        return self.root / fingerprint
+        return self.root / fingerprint[:ENTRY_CHARS]
 
     def inductor_dir(self, fingerprint: str) -> Path:
-        return self.entry_dir(fingerprint) / "inductor"
+        return self.entry_dir(fingerprint) / INDUCTOR_SUBDIR
 
     def env(self, fingerprint: str) -> dict[str, str]:
         """The run's env; the first time in this process an entry is used, a damaged one is
@@ -142,7 +151,7 @@ class PersistentCache:
         except OSError as exc:
             io_failed(self.root, "use it", exc)
             return {}
-        return {"TORCHINDUCTOR_CACHE_DIR": str(d), "TRITON_CACHE_DIR": str(d / "triton")}
+        return {"TORCHINDUCTOR_CACHE_DIR": str(d), "TRITON_CACHE_DIR": str(d / TRITON_SUBDIR)}
 
     def read_meta(self, fingerprint: str) -> dict | None:
         """meta.json as a dict, or None when it is missing, unreadable or for another entry."""
@@ -222,6 +231,7 @@ class PersistentCache:
             io_failed(self.root, "list its entries", exc)
             return []
         total = sum(s for _, _, s in sized)
+        keep = self.entry_dir(keep).name if keep else ""
         removed = []
         for _mtime, path, size in sorted(sized, key=lambda t: t[0]):
             if total <= self.max_bytes:
@@ -235,6 +245,12 @@ class PersistentCache:
             log.info("persistent cache over %.1f GB: evicted %d old entr%s", self.max_bytes / 1024 ** 3,
                      len(removed), "y" if len(removed) == 1 else "ies")
         return removed
+
+
+def deepest_path(root: str | os.PathLike) -> int:
+    """Characters in the longest path torch and Triton write under a cache ``root``."""
+    inductor = Path(os.path.abspath(root)) / ("0" * ENTRY_CHARS) / INDUCTOR_SUBDIR
+    return len(str(inductor)) + longpaths.below_inductor_dir(TRITON_SUBDIR)
 
 
 def _sized(entry: Path) -> tuple[float, Path, int] | None:

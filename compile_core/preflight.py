@@ -1,19 +1,23 @@
-"""Checks before compiling, each with an actionable message and a sensible downgrade.
+"""Checks before compiling, each with an actionable message for this platform.
 
-``preflight()`` returns the settings to compile with (possibly downgraded) or ``None`` when
-compiling here cannot work (the model then stays eager), plus the findings to log once.
+``preflight()`` returns the settings to compile with, or ``None`` when compiling here cannot
+work (the model then stays eager), plus the findings to log once. A missing Triton leaves the
+model eager rather than switching to ``cudagraphs``: cudagraph trees re-record for every
+shape under the ``auto`` marks and hold private memory pools, which tight VRAM cannot afford.
 Torch features are detected, never assumed from the version number.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import os
+import re
 import subprocess
+import sys
 
 import torch
 
+from .longpaths import on_windows
 from .settings import CompileSettings
 
 
@@ -25,43 +29,48 @@ class Finding:
 
 @functools.lru_cache(maxsize=None)
 def torch_features() -> dict[str, bool]:
-    params = set(inspect.signature(torch.compile).parameters)
-    try:
-        import torch._dynamo.decorators as dec
-        unbacked = hasattr(dec, "mark_unbacked")
-    except ImportError:
-        unbacked = False
-    src = inspect.getsource(torch.compile) if hasattr(torch.compile, "__code__") else ""
+    """What this torch can do, each feature tried by ``torch_compat`` (probed once, lazily)."""
+    from . import torch_compat
     return {
-        "isolate_recompiles": "isolate_recompiles" in params,
-        "compile_recompile_limit": "recompile_limit" in params,
-        "guard_filter_fn": "guard_filter_fn" in src,
-        "mark_unbacked": unbacked,
-        "nested_compile_region": hasattr(torch.compiler, "nested_compile_region"),
-        "cache_artifacts": hasattr(torch.compiler, "save_cache_artifacts"),
+        "isolate_recompiles": torch_compat.isolate_recompiles(),
+        "compile_recompile_limit": torch_compat.recompile_limit_kwarg(),
+        "guard_filter_fn": torch_compat.guard_filter_fn(),
+        "mark_unbacked": torch_compat.mark_unbacked(),
+        "nested_compile_region": torch_compat.nested_compile_region(),
+        "cache_artifacts": torch_compat.cache_artifacts(),
+        "aot_compile": torch_compat.aot_compile_knobs() is not None,
+        "load_compiled_function": torch_compat.load_compiled_function(),
+        "backed_size_oblivious_safe": torch_compat.backed_size_oblivious_safe(),
     }
 
 
 def cpp_compiler_problem() -> str:
-    """'' when inductor's C++ compiler (torch's own search: CXX / g++ / clang++) runs.
-    Cached per CXX/CC value and per ``torch._inductor.config.cpp.cxx`` (the list torch really
-    searches, read from CXX when inductor's config is imported), so a reuse hit does not pay
-    for a subprocess and a changed compiler is checked again."""
+    """'' when inductor's C++ compiler (torch's own search: CXX / g++ / clang++, or on Windows
+    CXX / ``cl``) runs. Cached per CXX/CC value, PATH (a Visual Studio prompt puts ``cl`` there)
+    and ``torch._inductor.config.cpp.cxx`` (the list torch really searches, read from CXX when
+    inductor's config is imported), so a reuse hit does not pay for a subprocess and a changed
+    compiler is checked again."""
     try:
         from torch._inductor import config as inductor_config
         search = repr(inductor_config.cpp.cxx)
     except Exception:  # noqa: BLE001 - no inductor: the search below reports it
         search = ""
-    return _cpp_compiler_problem(os.environ.get("CXX"), os.environ.get("CC"), search)
+    env = os.environ
+    return _cpp_compiler_problem(env.get("CXX"), env.get("CC"), search, env.get("PATH"),
+                                 sys.platform)
 
 
 @functools.lru_cache(maxsize=8)
-def _cpp_compiler_problem(_cxx, _cc, _search) -> str:
+def _cpp_compiler_problem(_cxx, _cc, _search, _path, _platform) -> str:
     try:
         from torch._inductor import cpp_builder
         compiler = cpp_builder.get_cpp_compiler()
     except Exception as exc:  # noqa: BLE001 - torch raises various errors when none is found
         return f"no C++ compiler found ({exc.__class__.__name__}: {exc})"
+    return _msvc_problem(compiler) if on_windows() else _gnu_problem(compiler)
+
+
+def _gnu_problem(compiler: str) -> str:
     try:
         proc = subprocess.run([compiler, "--version"], capture_output=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -69,6 +78,65 @@ def _cpp_compiler_problem(_cxx, _cc, _search) -> str:
     if proc.returncode != 0:
         return f"C++ compiler {compiler!r} fails (exit {proc.returncode})"
     return ""
+
+
+def _msvc_problem(compiler: str) -> str:
+    """MSVC's ``cl`` has no ``--version``: probe it as torch does (``_is_msvc_cl``: ``/help``,
+    the banner on the first line); clang-cl and icx-cl answer ``/help`` with exit 0."""
+    try:
+        from torch._inductor.cpp_builder import _is_msvc_cl
+        if _is_msvc_cl(compiler):
+            return ""
+    except Exception:  # noqa: BLE001 - a private torch function: probe it ourselves below
+        pass
+    try:
+        proc = subprocess.run([compiler, "/help"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"C++ compiler {compiler!r} cannot run ({exc})"
+    if proc.returncode != 0 and b"Microsoft" not in (proc.stdout + proc.stderr)[:200]:
+        return f"C++ compiler {compiler!r} fails (exit {proc.returncode})"
+    return ""
+
+
+def compiler_banner(compiler: str) -> str:
+    """The compiler's first line of version text ('' when it gives none): ``--version``, or
+    ``/help`` on Windows (MSVC prints its banner there, to stderr)."""
+    windows = on_windows()
+    proc = subprocess.run([compiler, "/help" if windows else "--version"], capture_output=True,
+                          text=True, timeout=20)
+    lines = ((proc.stderr + proc.stdout) if windows else proc.stdout).splitlines()
+    return lines[0] if lines else ""
+
+
+def cpp_compiler_fix() -> str:
+    if on_windows():
+        return ("Install Visual Studio Build Tools with the \"Desktop development with C++\" "
+                "workload and start ComfyUI from an \"x64 Native Tools Command Prompt for VS\" "
+                "(or call vcvars64.bat first in the .bat that starts it), so cl.exe and its "
+                "INCLUDE/LIB are set; or set CXX")
+    return "Install g++ (apt-get install g++) or set CXX"
+
+
+# The triton-windows minor version each torch minor version works with (triton-windows README).
+TRITON_WINDOWS = {(2, 4): (3, 1), (2, 5): (3, 1), (2, 6): (3, 2), (2, 7): (3, 3), (2, 8): (3, 4),
+                  (2, 9): (3, 5), (2, 10): (3, 6)}
+
+
+def triton_fix(torch_version: str | None = None) -> str:
+    """How to install the Triton this torch needs."""
+    version = torch_version or torch.__version__
+    if not on_windows():
+        return (f"pip install the triton that torch {version} pins (the one its pytorch.org wheel "
+                "installs)")
+    pip = f'"{sys.executable}" -m pip install -U'
+    found = re.match(r"(\d+)\.(\d+)", version)
+    triton = TRITON_WINDOWS.get((int(found[1]), int(found[2]))) if found else None
+    if triton is None:
+        return (f"{pip} the triton-windows for torch {version}: the triton-windows README lists "
+                "the Triton minor version each torch needs; pin below the next one (torch 2.10: "
+                '"triton-windows<3.7")')
+    return f'{pip} "triton-windows<{triton[0]}.{triton[1] + 1}" (Triton {triton[0]}.{triton[1]} ' \
+           f"matches torch {version})"
 
 
 def triton_problem(device: torch.device | None = None) -> str:
@@ -93,16 +161,16 @@ def preflight(settings: CompileSettings, device: torch.device,
     if device.type == "cpu":
         problem = cpp_compiler_problem()
         if problem:
-            findings.append(Finding("cpp-compiler", f"{problem}: inductor on CPU needs one. Install "
-                                    "g++ (apt-get install g++) or set CXX; the model stays eager."))
+            findings.append(Finding("cpp-compiler", f"{problem}: inductor on CPU needs one. "
+                                    f"{cpp_compiler_fix()}; the model stays eager."))
             return None, findings
     elif device.type == "cuda":
         problem = triton_problem(device)
         if problem:
-            fix = "" if problem.startswith("this GPU") else " pip install the triton matching this torch;"
-            findings.append(Finding("triton", f"{problem}: inductor on CUDA needs Triton.{fix} "
-                                    "Falling back to backend 'cudagraphs' (no kernel fusion)."))
-            return dataclasses.replace(settings, backend="cudagraphs", mode="default"), findings
+            fix = "" if problem.startswith("this GPU") else f" Fix: {triton_fix()}."
+            findings.append(Finding("triton", f"{problem}: inductor on CUDA needs Triton, so the "
+                                    f"model stays eager.{fix}"))
+            return None, findings
         fp8 = {d for d in param_dtypes if "float8_e4m3" in str(d)}
         if fp8:
             major, minor = torch.cuda.get_device_capability(device)

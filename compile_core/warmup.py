@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from . import log
+from . import log, longpaths
 
 
 def ptx_env(enabled: bool, on_cuda: bool, cache_dir: Path | None) -> dict[str, str]:
@@ -25,7 +25,20 @@ def ptx_env(enabled: bool, on_cuda: bool, cache_dir: Path | None) -> dict[str, s
         return {}
     if cache_dir is None:
         return {}
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    deepest = len(str(cache_dir)) + longpaths.below_triton_dir()
+    if not longpaths.fits(deepest):
+        log.warn_once(f"ptx-long:{cache_dir}", "experimental_ptx: ptx_cache_dir %s not used: "
+                      "Triton's files would nest to %d characters there, past Windows' "
+                      "%d-character limit (long paths are not enabled). Use a shorter "
+                      "ptx_cache_dir or enable long paths; Triton uses its other cache folder "
+                      "meanwhile", cache_dir, deepest, longpaths.MAX_PATH)
+        return {}
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warn_once(f"ptx-io:{cache_dir}", "experimental_ptx: ptx_cache_dir %s not used (%s: %s)",
+                      cache_dir, type(exc).__name__, exc)
+        return {}
     return {"TRITON_CACHE_DIR": str(cache_dir)}
 
 

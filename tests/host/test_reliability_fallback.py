@@ -242,7 +242,7 @@ def test_damaged_persistent_cache_is_rebuilt_after_a_restart(inductor_server, ti
     fp = re.search(r"fingerprint ([0-9a-f]{12})", host.log_text(since=offset)).group(1)
     root = holder.base / "user" / "torch_compile_speed" / "cache"
     entry = next(p for p in root.iterdir() if p.name.startswith(fp))
-    assert json.loads((entry / "meta.json").read_text())["fingerprint"] == entry.name
+    assert json.loads((entry / "meta.json").read_text())["fingerprint"].startswith(entry.name)
     good = _kernel_sources(entry)
     assert good
     host.stop()
@@ -264,5 +264,5 @@ def test_damaged_persistent_cache_is_rebuilt_after_a_restart(inductor_server, ti
     assert "persistent cache miss" in log
     # the rebuilt entry is whole and holds the same kernels as the first one: a damaged CPU
     # feature probe would have turned vectorisation off (other kernel sources, silently slow)
-    assert json.loads((entry / "meta.json").read_text())["fingerprint"] == entry.name
+    assert json.loads((entry / "meta.json").read_text())["fingerprint"].startswith(entry.name)
     assert _kernel_sources(entry) == good

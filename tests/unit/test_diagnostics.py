@@ -272,6 +272,21 @@ def test_verdict_text():
     assert fast.status_fields()["eager_ms"] == pytest.approx(13.2)
 
 
+def test_source_paths_keep_a_windows_drive_letter():
+    """``C:\\...\\model.py:12``: the drive belongs to the path (it was cut off at the colon)."""
+    text = r"at C:\Users\me\ComfyUI\comfy\ldm\wan\model.py:123 (from /srv/a.py:4, b.py:5) x:y.py:6"
+    assert diagnostics._PATH_AT_LINE.findall(text) == [
+        r"C:\Users\me\ComfyUI\comfy\ldm\wan\model.py", "/srv/a.py", "b.py", "y.py"]
+
+
+def test_kernel_compiles_line_only_when_inductor_runs_one_at_a_time(monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    text = Report(backend="inductor", compile_threads=1).render()
+    assert "Kernel compiles: one at a time (TORCHINDUCTOR_COMPILE_THREADS" in text
+    assert "Kernel compiles" not in Report(backend="inductor", compile_threads=8).render()
+    assert "Kernel compiles" not in Report(backend="inductor").render()  # unknown
+
+
 def test_auto_disable_decision():
     assert diagnostics.should_auto_disable(timed(9.0, 10.0), True) is True
     assert diagnostics.should_auto_disable(timed(11.0, 10.0), True) is False

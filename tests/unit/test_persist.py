@@ -122,6 +122,31 @@ def test_default_root_is_under_the_user_dir_unless_configured(tmp_path, monkeypa
     assert PersistentCache.default(tmp_path).root == tmp_path / "shared"
 
 
+def test_entry_folders_are_short_and_keep_whole_fingerprints_apart(tmp_path):
+    """16 hex digits name the folder; meta.json keeps the whole fingerprint, so an entry that
+    shares a folder with another fingerprint is not complete for it (a cache miss)."""
+    cache = PersistentCache(tmp_path, max_bytes=MB)
+    fp, other = "0123456789abcdef" + "0" * 8, "0123456789abcdef" + "1" * 8
+    assert cache.entry_dir(fp) == tmp_path / "0123456789abcdef" == cache.entry_dir(other)
+    cache.entry_dir(fp).mkdir(parents=True)
+    cache.mark_complete(fp, {})
+    assert cache.is_complete(fp) and not cache.is_complete(other)
+    assert cache.inductor_dir(fp) == cache.entry_dir(fp) / "inductor"
+
+
+def test_an_entry_from_the_old_layout_is_a_miss_and_evicted_like_any_other(tmp_path):
+    """Before 16-hex folders, entries were named by 24 hex digits: such a folder is never read
+    (a cold compile, no crash) and is evicted first once the cache is over its bound."""
+    fp = "0123456789abcdef01234567"
+    old = _entry(tmp_path, fp, MB, mtime=1)
+    (old / META).write_text('{"fingerprint": "%s"}' % fp)
+    cache = PersistentCache(tmp_path, max_bytes=int(1.5 * MB))
+    assert not cache.is_complete(fp) and cache.damage(fp) == ""
+    assert cache.env(fp)["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / fp[:16] / "inductor")
+    _entry(tmp_path, fp[:16], MB, mtime=2)
+    assert cache.evict(keep=fp) == [fp]
+
+
 # --------------------------------------------------------------------------- completeness
 
 def test_mark_complete_then_is_complete(tmp_path):
@@ -197,7 +222,7 @@ def test_damaged_entry_is_discarded_once_with_one_warning(tmp_path, pack_log, ho
     assert cache.damage("fp")
     env = cache.env("fp")  # what a run asks for first
     assert env == {"TORCHINDUCTOR_CACHE_DIR": str(cache.inductor_dir("fp")),
-                   "TRITON_CACHE_DIR": str(cache.inductor_dir("fp") / "triton")}
+                   "TRITON_CACHE_DIR": str(cache.inductor_dir("fp") / persist.TRITON_SUBDIR)}
     assert cache.inductor_dir("fp").is_dir() and not any(cache.inductor_dir("fp").iterdir())
     assert not cache.is_complete("fp")
     warnings = pack_log.warnings()
@@ -223,7 +248,7 @@ def test_a_shared_object_being_written_now_is_not_judged(tmp_path):
 def test_missing_entry_is_created_not_reported(tmp_path, pack_log):
     cache = PersistentCache(tmp_path, max_bytes=MB)
     assert cache.env("new") == {"TORCHINDUCTOR_CACHE_DIR": str(cache.inductor_dir("new")),
-                                "TRITON_CACHE_DIR": str(cache.inductor_dir("new") / "triton")}
+                                "TRITON_CACHE_DIR": str(cache.inductor_dir("new") / persist.TRITON_SUBDIR)}
     assert cache.inductor_dir("new").is_dir()
     assert pack_log.warnings() == []
 

@@ -1,13 +1,13 @@
 """compile_core.preflight: a broken toolchain or an unsupported GPU is found before compiling,
-with an actionable message and a downgrade (or eager), and torch features are detected.
+with an actionable message and the model left eager, and torch features are detected.
 
 The C++ compiler checks run for real (a script that exits 1 stands in for a broken compiler;
 this machine's g++ is the working one). The CUDA checks use a FAKE device: there is no GPU
-here, so ``torch.cuda.get_device_capability`` and ``has_triton`` are monkeypatched.
+here, so ``torch.cuda.get_device_capability`` and ``has_triton`` are monkeypatched. The
+Windows branches (MSVC, long paths) are in ``test_windows.py``.
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import os
@@ -175,27 +175,49 @@ def test_other_dtypes_on_sm86_compile(fake_cuda, dtype):
 
 
 @pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs", "speed"])
-def test_missing_triton_downgrades_to_cudagraphs(fake_cuda, mode):
+def test_missing_triton_leaves_the_model_eager_with_the_fix(fake_cuda, mode):
+    """Not 'cudagraphs' instead: cudagraph trees re-record for every shape under the ``auto``
+    marks and hold private memory pools, which tight VRAM cannot afford."""
     fake_cuda.triton = False
-    s = settings(mode=mode)
-    checked, findings = pf.preflight(s, CUDA, {torch.float16})
-    assert checked is not None and checked is not s
-    assert (checked.backend, checked.mode) == ("cudagraphs", "default")
-    # everything else the user chose is kept
-    assert dataclasses.replace(checked, backend=s.backend, mode=s.mode) == s
+    checked, findings = pf.preflight(settings(mode=mode), CUDA, {torch.float16})
+    assert checked is None
     assert [f.check for f in findings] == ["triton"]
-    assert "cudagraphs" in findings[0].message and "triton" in findings[0].message.lower()
-    assert checked.compile_kwargs()["backend"] == "cudagraphs"
-    assert checked.compile_kwargs()["mode"] is None  # torch.compile rejects modes for non-inductor
+    msg = findings[0].message
+    assert "eager" in msg and "cudagraphs" not in msg and "pip install the triton" in msg, msg
+
+
+@pytest.mark.parametrize("version, pin", [("2.9.1+cu128", "triton-windows<3.6"),
+                                          ("2.10.0+cu130", "triton-windows<3.7"),
+                                          ("2.6.0+cu126", "triton-windows<3.3")])
+def test_missing_triton_on_windows_names_the_matching_triton_windows(fake_cuda, monkeypatch,
+                                                                    version, pin):
+    fake_cuda.triton = False
+    monkeypatch.setattr(sys, "platform", "win32")  # FAKE Windows
+    monkeypatch.setattr(torch, "__version__", version)
+    checked, findings = pf.preflight(settings(), CUDA, {torch.float16})
+    assert checked is None and len(findings) == 1
+    msg = findings[0].message
+    assert f'"{sys.executable}" -m pip install -U "{pin}"' in msg, msg  # the embedded Python too
+    assert "eager" in msg and "cudagraphs" not in msg
+
+
+def test_missing_triton_on_windows_with_an_unlisted_torch_gives_the_rule(fake_cuda, monkeypatch):
+    fake_cuda.triton = False
+    monkeypatch.setattr(sys, "platform", "win32")  # FAKE Windows
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cu130")
+    _, findings = pf.preflight(settings(), CUDA, {torch.float16})
+    msg = findings[0].message
+    assert "triton-windows" in msg and "README" in msg and "torch 2.13.0+cu130" in msg, msg
 
 
 def test_gpu_older_than_triton_supports_says_so_not_pip_install(fake_cuda):
     fake_cuda.capability = (6, 1)  # a Pascal card: torch's has_triton() is False there
     fake_cuda.triton = False
     checked, findings = pf.preflight(settings(), CUDA, {torch.float16})
-    assert checked.backend == "cudagraphs"
+    assert checked is None
     assert [f.check for f in findings] == ["triton"]
     assert "sm_61" in findings[0].message and "pip install" not in findings[0].message
+    assert "eager" in findings[0].message
 
 
 def test_triton_and_compiler_present_leave_cuda_settings_unchanged(fake_cuda, failing_cxx):
