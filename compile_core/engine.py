@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -22,15 +21,13 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import fallback, log, precompiled, prewarm, scoped, shapes, warmup
+from . import fallback, log, precompiled, prewarm, scoped, shapes, torch_compat, warmup
 from .fingerprint import fingerprint
 from .fleet import Fleet
 from .persist import PersistentCache
 from .regions import RegionPlan, plan_regions
 from .registry import REGISTRY, CompiledEntry, ReuseRegistry
 from .settings import CompileSettings
-
-_COMPILE_PARAMS = set(inspect.signature(torch.compile).parameters)
 
 
 def make_compiled_call(settings: CompileSettings) -> Callable:
@@ -39,11 +36,43 @@ def make_compiled_call(settings: CompileSettings) -> Callable:
     kwargs = settings.compile_kwargs()
     # Give each compile its own recompile budget where this torch supports it, so our
     # regions neither consume nor are starved by other compiles of the same code.
-    if "isolate_recompiles" in _COMPILE_PARAMS:
+    if torch_compat.isolate_recompiles():
         kwargs["isolate_recompiles"] = True
-    if "recompile_limit" in _COMPILE_PARAMS:
+    else:
+        log.info_once("shared-recompile-budget", "torch %s has no working isolate_recompiles: every "
+                      "compile of a block class shares dynamo's cache and one recompile budget "
+                      "(dynamo_cache_size_limit)", torch.__version__)
+        if not settings.reuse_if_similar:
+            kwargs = _own_backend(kwargs)
+    if torch_compat.recompile_limit_kwarg():  # else the scoped config knob sets it (scoped.py)
         kwargs["recompile_limit"] = settings.cache_size_limit
-    return torch.compile(nn.Module._call_impl, **kwargs)
+    with scoped.scoped_state():  # torch 2.9's torch.compile() sets TORCHINDUCTOR_CACHE_DIR
+        return torch.compile(nn.Module._call_impl, **kwargs)
+
+
+class _OwnBackend:
+    """The backend ``torch.compile`` would build, equal only to itself. Dynamo reuses a cache
+    entry of the same code made by an *equal* backend; without ``isolate_recompiles`` (torch
+    2.8-2.10) this is how reuse_if_similar off still compiles afresh (it shares the budget)."""
+
+    def __init__(self, backend: str, mode: str | None, dynamic: bool | None):
+        with scoped.scoped_state():  # building inductor's wrapper sets TORCHINDUCTOR_CACHE_DIR (2.8)
+            if backend == "inductor":
+                self.inner = torch._TorchCompileInductorWrapper(mode, None, dynamic)
+            else:
+                self.inner = torch._TorchCompileWrapper(backend, mode, None, dynamic)
+        self.__name__ = backend
+
+    def __call__(self, gm, example_inputs):
+        return self.inner(gm, example_inputs)
+
+    def __getattr__(self, name):  # get_compiler_config, reset, ... of the inner backend
+        return getattr(self.__dict__["inner"], name)
+
+
+def _own_backend(kwargs: dict) -> dict:
+    own = _OwnBackend(kwargs["backend"], kwargs.get("mode"), kwargs.get("dynamic"))
+    return {**{k: v for k, v in kwargs.items() if k != "mode"}, "backend": own}
 
 
 @contextlib.contextmanager
@@ -81,14 +110,19 @@ def _frames_since(start_us: int) -> list[dict]:
     """Dynamo's own compilation records (one per compiled frame; it keeps the last 64) that
     started after ``start_us``: where, how long, and for recompiles the guard that failed."""
     from torch._dynamo.utils import get_compilation_metrics
+    try:
+        records = list(get_compilation_metrics())
+    except Exception:  # noqa: BLE001 - diagnostics only: never fail a sampling run over them
+        return []
     out = []
-    for m in get_compilation_metrics():
-        if (m.start_time_us or 0) < start_us:
+    for m in records:
+        if (getattr(m, "start_time_us", None) or 0) < start_us:  # none on torch 2.5/2.6
             continue
         out.append({
-            "frame": f"{m.co_name} at {m.co_filename}:{m.co_firstlineno}",
-            "seconds": round(m.entire_frame_compile_time_s or 0.0, 3),
-            "recompile_reason": m.recompile_reason or "",
+            "frame": f"{getattr(m, 'co_name', '?')} at {getattr(m, 'co_filename', '?')}:"
+                     f"{getattr(m, 'co_firstlineno', '?')}",
+            "seconds": round(getattr(m, "entire_frame_compile_time_s", None) or 0.0, 3),
+            "recompile_reason": getattr(m, "recompile_reason", None) or "",
         })
     return out
 
@@ -249,17 +283,36 @@ class CompiledModel:
 
 def prepare(diffusion_model: nn.Module, settings: CompileSettings,
             registry: ReuseRegistry = REGISTRY, ptx_cache_dir: Path | None = None,
-            persistent: PersistentCache | None = None, fleet: Fleet | None = None) -> CompiledModel:
-    """Plan regions and find (reuse_if_similar) or build the compiled callable for this model."""
+            persistent: PersistentCache | None = None, fleet: Fleet | None = None,
+            plan: RegionPlan | None = None) -> CompiledModel:
+    """Plan regions and find (reuse_if_similar) or build the compiled callable for this model.
+    ``plan``: regions chosen by the caller (e.g. ``compile_core.vae``), instead of ``plan_regions``."""
     prewarm.wait()
-    plan = plan_regions(diffusion_model, settings.blocks_only)
+    plan = plan or plan_regions(diffusion_model, settings.blocks_only)
     fp = fingerprint(diffusion_model, plan, settings)
     factory = functools.partial(make_compiled_call, settings)
-    if settings.reuse_if_similar:
+    unsupported = torch_compat.unsupported()
+    if unsupported:
+        log.warn_once("torch-unsupported", "%s", unsupported)
+        entry, reused = CompiledEntry(fp, None, failed=unsupported), False
+    elif settings.reuse_if_similar:
         entry, reused = registry.get_or_create(fp, factory)
     else:
         entry, reused = CompiledEntry(fp, factory()), False
     description = plan.describe(diffusion_model)
-    log.info("%s %s [%s, mode=%s, fingerprint %s]", "reusing compiled" if reused else "will compile",
-             description, settings.backend, settings.mode, fp[:12])
+    log.info("%s [%s, mode=%s, fingerprint %s]", _prepared(entry, reused, description),
+             settings.backend, settings.mode, fp[:12])
     return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet)
+
+
+def _prepared(entry: CompiledEntry, reused: bool, description: str) -> str:
+    """What ``prepare`` found: a failed entry stays eager and says why; a reused one says how
+    many graphs it compiled (none yet: not run, or, on torch without isolate_recompiles, its
+    runs were served by graphs another compile of the same code made)."""
+    if entry.failed:
+        return f"{description} stays eager ({entry.failed})"
+    if not reused:
+        return f"will compile {description}"
+    if entry.graphs:
+        return f"reusing compiled {description} ({entry.graphs} graph(s) compiled earlier)"
+    return f"reusing compiled {description} (no graph of its own yet)"

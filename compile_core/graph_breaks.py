@@ -120,9 +120,16 @@ def find_graph_breaks(module: nn.Module, args: tuple, kwargs: dict) -> list[Grap
     ``compile_subgraph_reason``) without its two ``torch._dynamo.reset()`` calls: those drop
     every compiled graph in the process, so the next sampling run would compile everything
     again. The call really runs (its graphs run as plain FX code). Frames dynamo compiles for
-    it keep a cache entry for this backend only; the pack's compiled runs never use it."""
-    import inspect
+    it keep a cache entry for this backend only; the pack's compiled runs never use it.
+    It runs inside ``scoped.scoped_state``: torch (2.9) sets ``TORCHINDUCTOR_CACHE_DIR`` while
+    compiling, and that must not outlive the trace whoever calls this."""
+    from . import scoped, torch_compat
 
+    with scoped.scoped_state():
+        return _find_graph_breaks(module, args, kwargs, torch_compat.isolate_recompiles())
+
+
+def _find_graph_breaks(module: nn.Module, args: tuple, kwargs: dict, isolate: bool) -> list[GraphBreak]:
     records = []
 
     def collect(gm, example_inputs):
@@ -135,7 +142,7 @@ def find_graph_breaks(module: nn.Module, args: tuple, kwargs: dict) -> list[Grap
         return module(*a, **k)
 
     kw = {"backend": collect, "fullgraph": False, "dynamic": False}
-    if "isolate_recompiles" in inspect.signature(torch.compile).parameters:
+    if isolate:
         kw["isolate_recompiles"] = True  # its own recompile budget, never the pack's
     before = _break_counts()
     torch.compile(_fresh_function(target), **kw)(*args, **kwargs)

@@ -79,8 +79,9 @@ def _clear_inductor_caches() -> None:
 
 def knobs_for(settings, on_cuda: bool) -> dict[str, dict]:
     """The scoped knobs a ``CompileSettings`` asks for (see README: Settings reference)."""
-    dynamo = {
-        "recompile_limit": settings.cache_size_limit,
+    from . import torch_compat
+    dynamo = {  # torch before 2.7 names the recompile limit cache_size_limit
+        torch_compat.recompile_limit_knob() or "recompile_limit": settings.cache_size_limit,
         "accumulated_recompile_limit": max(settings.recompile_limit, settings.cache_size_limit),
         # auto marks exactly the latent dims dynamic; letting weights turn symbolic after a
         # shape mismatch (heterogeneous UNet layers share forward code) would only slow it down

@@ -189,3 +189,19 @@ def test_snapshot_sees_tf32_and_pack_env_changes(monkeypatch, tmp_path):
     finally:
         torch.set_float32_matmul_precision(saved)
     assert scoped.snapshot() == before
+
+
+def test_graph_break_trace_restores_the_cache_dir_torch_sets_during_it(monkeypatch, tmp_path):
+    """torch 2.9 sets TORCHINDUCTOR_CACHE_DIR while compiling; ``find_graph_breaks`` runs in a
+    scope of its own, so that does not outlive the trace (simulated: set during the trace)."""
+    from compile_core import graph_breaks
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    original = graph_breaks._break_counts
+
+    def counts_and_set_env():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "set-by-torch")
+        return original()
+
+    monkeypatch.setattr(graph_breaks, "_break_counts", counts_and_set_env)
+    assert graph_breaks.find_graph_breaks(torch.nn.Linear(4, 4), (torch.randn(2, 4),), {}) == []
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ

@@ -1,0 +1,363 @@
+"""The one place that knows what this torch can do: each feature is *tried*, not looked up.
+
+A feature the pack uses is probed with a tiny compile (backend ``eager`` or a counting
+backend: dynamo's tracing, guards and fake-tensor propagation, no code generation) on first
+use, once per process, never at import of the pack. A name that exists is not proof: torch
+2.8/2.9 have ``backed_size_oblivious`` but break WAN's size-1 broadcast under it, and 2.9 has
+``aot_compile`` only behind ``torch._dynamo.config.enable_aot_compile``.
+
+Probes leave no trace: they compile fresh code objects, and dynamo's counters and compilation
+records are restored afterwards, so a probe that runs inside a measured model call is not
+counted as the model's graphs. Supported: torch 2.8 to 2.14 (``MIN_VERSION``..``NEWEST_TESTED``).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import io
+import logging
+import os
+import re
+import types
+import warnings
+from typing import Callable, Iterator
+
+import torch
+
+MIN_VERSION = (2, 8)
+NEWEST_TESTED = (2, 14)
+
+
+def version() -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def unsupported() -> str:
+    """'' when the pack compiles on this torch; else why not (the model then stays eager)."""
+    if version() < MIN_VERSION:
+        return (f"torch {torch.__version__} is older than 2.8, the oldest torch this pack compiles "
+                "with; the model stays eager (install torch 2.8 to 2.14 to compile)")
+    if not compile_works():
+        return (f"a tiny test compile failed on torch {torch.__version__}, so torch.compile does not "
+                "work in this install; the model stays eager")
+    return ""
+
+
+# ------------------------------------------------------------------------------ probe helpers
+
+class _Counter:
+    """A dynamo backend that counts the graphs it is given and runs them as plain FX code."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def _fresh(fn: Callable) -> Callable:
+    """``fn`` with a code object of its own: no cache entry, recompile count or size history
+    of another compile applies to it, and its cache entries die with it."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+
+
+_CACHE_DIR_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+# where a failing probe logs (a fake-tensor error is logged at ERROR before it is raised)
+_TORCH_LOGGERS = ("torch._dynamo", "torch._subclasses", "torch._inductor", "torch.fx",
+                  "torch._functorch", "torch._guards")
+
+
+@contextlib.contextmanager
+def _traceless() -> Iterator[None]:
+    """Quiet (a probe that hits a recompile limit on purpose warns) and uncounted: dynamo's
+    counters and compilation records, and the cache-dir variables, are restored on exit."""
+    from torch._dynamo import utils as dutils
+    saved_counters = copy.deepcopy(dutils.counters)
+    metrics = getattr(dutils, "_compilation_metrics", None)
+    saved_metrics = list(metrics) if metrics is not None else None
+    env = {k: os.environ.get(k) for k in _CACHE_DIR_VARS}  # torch 2.9 sets them on first compile
+    loggers = [logging.getLogger(n) for n in _TORCH_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        dutils.counters.clear()
+        dutils.counters.update(saved_counters)
+        if saved_metrics is not None:
+            metrics.clear()
+            metrics.extend(saved_metrics)
+
+
+def _probe(fn: Callable[[], bool]) -> bool:
+    """``fn()`` is True, run traceless; any exception means the feature does not work here."""
+    try:
+        with _traceless():
+            return bool(fn())
+    except Exception:  # noqa: BLE001 - a probe failing in any way is the answer
+        return False
+
+
+def _sin2(x):
+    return x.sin() * 2
+
+
+# ------------------------------------------------------------------------------ the probes
+
+@functools.lru_cache(maxsize=None)
+def compile_works() -> bool:
+    """A tiny function compiles into one graph and gives eager's result."""
+    def run():
+        c = _Counter()
+        x = torch.randn(3)
+        return torch.equal(torch.compile(_fresh(_sin2), backend=c)(x), _sin2(x)) and c.graphs == 1
+    return _probe(run)
+
+
+def _limits_to_one(make: Callable[[_Counter], Callable]) -> bool:
+    """``make(backend)`` compiles ``_sin2`` with a recompile limit of 1: a second size then
+    runs eagerly (right result, no second graph)."""
+    c = _Counter()
+    compiled = make(c)
+    outs = [compiled(torch.randn(n)) for n in (2, 3)]
+    return all(o.shape == (n,) for o, n in zip(outs, (2, 3))) and c.graphs == 1
+
+
+@functools.lru_cache(maxsize=None)
+def recompile_limit_kwarg() -> bool:
+    """``torch.compile(recompile_limit=)`` is accepted and enforced."""
+    return _probe(lambda: _limits_to_one(
+        lambda c: torch.compile(_fresh(_sin2), backend=c, dynamic=False, recompile_limit=1)))
+
+
+@functools.lru_cache(maxsize=None)
+def recompile_limit_knob() -> str:
+    """The ``torch._dynamo.config`` knob that limits recompiles per code object (renamed from
+    ``cache_size_limit`` to ``recompile_limit``), '' when neither works."""
+    import torch._dynamo.config as dynamo_config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if name not in dynamo_config.get_config_copy():
+            continue
+
+        def run(name=name):
+            with dynamo_config.patch({name: 1}):
+                return _limits_to_one(lambda c: torch.compile(_fresh(_sin2), backend=c, dynamic=False))
+        if _probe(run):
+            return name
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def isolate_recompiles() -> bool:
+    """``torch.compile(isolate_recompiles=True)`` gives each compile its own cache and budget:
+    two compiles of one function, each limited to one entry, both compile a graph."""
+    import torch._dynamo.config as dynamo_config
+    knob = recompile_limit_knob()
+
+    def run():
+        fn, x = _fresh(_sin2), torch.randn(3)
+        a, b = _Counter(), _Counter()
+        with dynamo_config.patch({knob: 1} if knob else {}):
+            torch.compile(fn, backend=a, isolate_recompiles=True)(x)
+            torch.compile(fn, backend=b, isolate_recompiles=True)(x)
+        return a.graphs == 1 and b.graphs == 1
+    return _probe(run)
+
+
+@functools.lru_cache(maxsize=None)
+def mark_unbacked() -> bool:
+    """``torch._dynamo.decorators.mark_unbacked``: one graph serves two sizes."""
+    def run():
+        from torch._dynamo.decorators import mark_unbacked as mark
+        c = _Counter()
+        compiled = torch.compile(_fresh(_sin2), backend=c)
+        for n in (3, 5):
+            x = torch.randn(n)
+            mark(x, 0)
+            if not torch.equal(compiled(x), _sin2(x)):
+                return False
+        return c.graphs == 1
+    return _probe(run)
+
+
+@functools.lru_cache(maxsize=None)
+def guard_filter_fn() -> bool:
+    """``options={"guard_filter_fn": f}``: torch calls ``f`` with the guards it builds."""
+    def run():
+        seen = []
+
+        def keep_all(entries):
+            seen.append(len(entries))
+            return [True] * len(entries)
+        x = torch.randn(3)
+        out = torch.compile(_fresh(_sin2), backend="eager", options={"guard_filter_fn": keep_all})(x)
+        return torch.equal(out, _sin2(x)) and bool(seen)
+    return _probe(run)
+
+
+@functools.lru_cache(maxsize=None)
+def aot_compile_knobs() -> dict | None:
+    """The ``torch._dynamo.config`` knobs ``torch.compile(...).aot_compile()`` needs here
+    (``{}``: none; torch 2.9 wants ``enable_aot_compile``), None when it does not work."""
+    import torch._dynamo.config as dynamo_config
+    have = dynamo_config.get_config_copy()
+    for knobs in ({}, {"enable_aot_compile": True}):
+        if set(knobs) - set(have):
+            continue
+        if _probe(lambda: _aot_roundtrip(knobs, load=False)):
+            return knobs
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def load_compiled_function() -> bool:
+    """A function from ``aot_compile`` serializes and ``torch.compiler.load_compiled_function``
+    loads it back into a working function."""
+    knobs = aot_compile_knobs()
+    return knobs is not None and _probe(lambda: _aot_roundtrip(knobs, load=True))
+
+
+def _aot_roundtrip(knobs: dict, load: bool) -> bool:
+    """Trace with ``aot_compile`` (and, with ``load``, save and load back in the pack's format,
+    ``precompiled.save``). torch 2.9 refuses the ``eager`` backend's output as not a
+    ``SerializableCallable``: that means aot_compile traced (inductor's output is serializable),
+    but no cheap round trip proves loading there."""
+    import torch._dynamo.config as dynamo_config
+    x = torch.randn(3)
+    try:
+        with dynamo_config.patch(knobs):
+            fn = torch.compile(_fresh(_sin2), fullgraph=True, backend="eager").aot_compile(((x,), {}))
+    except RuntimeError as exc:
+        if "SerializableCallable" in str(exc) and not load:
+            return True
+        raise
+    if load:
+        data = type(fn).serialize(fn).serialized_data
+        fn = torch.compiler.load_compiled_function(io.BytesIO(data))
+    return torch.equal(fn(x), _sin2(x))
+
+
+@contextlib.contextmanager
+def aot_capture():
+    """Around an ``aot_compile()`` call: the knobs this torch needs for it (none on 2.10+)."""
+    import torch._dynamo.config as dynamo_config
+    with dynamo_config.patch(aot_compile_knobs() or {}):
+        yield
+
+
+@functools.lru_cache(maxsize=None)
+def nested_compile_region() -> bool:
+    """``torch.compiler.nested_compile_region`` wraps a function that compiles and runs."""
+    def run():
+        region = torch.compiler.nested_compile_region(_fresh(_sin2))
+
+        def outer(x):
+            return region(x) + region(x)
+        x = torch.randn(3)
+        return torch.allclose(torch.compile(_fresh(outer), backend="eager", fullgraph=True)(x),
+                              _sin2(x) * 2)
+    return _probe(run)
+
+
+@functools.lru_cache(maxsize=None)
+def cache_artifacts() -> bool:
+    """``torch.compiler.save_cache_artifacts`` / ``load_cache_artifacts`` run."""
+    def run():
+        saved = torch.compiler.save_cache_artifacts()
+        return saved is None or (isinstance(saved, tuple) and len(saved) == 2)
+    return _probe(run) and hasattr(torch.compiler, "load_cache_artifacts")
+
+
+# ----------------------------------------------------------------- shape policy: fx knobs
+
+def _repeat_e(e, x):  # ComfyUI's WAN ``repeat_e`` (comfy/ldm/wan/model.py)
+    repeats = 1
+    if e.size(1) > 1:
+        repeats = x.size(1) // e.size(1)
+    if repeats == 1:
+        return e
+    if repeats * e.size(1) == x.size(1):
+        return torch.repeat_interleave(e, repeats, dim=1)
+    return torch.repeat_interleave(e, repeats + 1, dim=1)[:, :x.size(1)]
+
+
+def _wan_modulation(x, e, modulation):
+    """A WanAttentionBlock's modulation: ``e`` is (batch, 1, 6, dim), its dim 1 of size 1."""
+    e = (modulation.unsqueeze(0) + e).unbind(2)
+    return torch.addcmul(_repeat_e(e[0], x), x, 1 + _repeat_e(e[1], x))
+
+
+@functools.lru_cache(maxsize=None)
+def backed_size_oblivious_safe() -> bool:
+    """Under ``backed_size_oblivious`` (and no duck sizing), WAN's modulation with its size-1
+    marked dim compiles once and serves a second token count with eager's result. torch 2.8
+    and 2.9 fail it ("Attempting to broadcast a dimension of length s..")."""
+    import torch.fx.experimental._config as fx_config
+    if "backed_size_oblivious" not in fx_config.get_config_copy():
+        return False
+
+    def run():
+        c = _Counter()
+        compiled = torch.compile(_fresh(_wan_modulation), backend=c)
+        mod = torch.randn(1, 6, 8)
+        with fx_config.patch(use_duck_shape=False, backed_size_oblivious=True):
+            for tokens in (4, 6):
+                x, e = torch.randn(1, tokens, 8), torch.randn(1, 1, 6, 8)
+                for t, dims in ((x, (0, 1)), (e, (0, 1))):
+                    for d in dims:
+                        torch._dynamo.maybe_mark_dynamic(t, d)
+                if not torch.allclose(compiled(x, e, mod), _wan_modulation(x, e, mod)):
+                    return False
+        return c.graphs == 1
+    return _probe(run)
+
+
+def auto_fx_knobs() -> dict[str, object]:
+    """The fx knobs of shape policy ``auto`` on this torch: no duck sizing, and
+    ``backed_size_oblivious`` (a batch of 1 at the first call does not pin the batch) where
+    it is safe. Without it a batch of 1 is specialised: the first batch of 2 recompiles once
+    (dynamo's automatic dynamic then keeps the batch symbolic)."""
+    import torch.fx.experimental._config as fx_config
+    have = fx_config.get_config_copy()
+    knobs: dict[str, object] = {"use_duck_shape": False} if "use_duck_shape" in have else {}
+    if backed_size_oblivious_safe():
+        knobs["backed_size_oblivious"] = True
+    return knobs
+
+
+# ------------------------------------------------------------------------------ summary
+
+FEATURES: dict[str, Callable[[], object]] = {
+    "compile": compile_works,
+    "isolate_recompiles": isolate_recompiles,
+    "recompile_limit_kwarg": recompile_limit_kwarg,
+    "recompile_limit_knob": recompile_limit_knob,
+    "mark_unbacked": mark_unbacked,
+    "guard_filter_fn": guard_filter_fn,
+    "aot_compile": lambda: aot_compile_knobs() is not None,
+    "aot_compile_needs_enable_aot_compile": lambda: bool(aot_compile_knobs()),
+    "load_compiled_function": load_compiled_function,
+    "backed_size_oblivious_safe": backed_size_oblivious_safe,
+    "nested_compile_region": nested_compile_region,
+    "cache_artifacts": cache_artifacts,
+}
+
+
+def features() -> dict[str, object]:
+    """Every probe's answer (runs the probes not run yet)."""
+    return {name: probe() for name, probe in FEATURES.items()}
