@@ -23,7 +23,9 @@ What is not saved is replaced by checks of our own:
   only runs on a module made of exactly those classes.
 - Local guards (sizes, dtypes, devices, strides, attribute values, dict keys) are saved and
   checked on every call; the identity guards torch cannot save on the call's own arguments
-  (an attention override's code, a GGUF weight's enum) are replaced by ``LocalChecks``. A
+  (an attention override's code, a GGUF weight's enum), and constants of a submodule's class
+  (GGUF's ``dequant_dtype``), are replaced by ``LocalChecks``. A GGUF weight's own attributes
+  (``tensor_shape``, a LoRA's ``patches``) are saved with it (``ValuePickler``). A
   call no saved variant accepts gets a variant of its own (``Precompiled.VARIANTS``), then
   the regular path. ``saved_guards`` lists every guard kind and what replaces it.
 
@@ -46,7 +48,8 @@ from torch import nn
 
 from . import log
 from .persist import write_atomic
-from .saved_guards import GlobalChecks, LocalChecks, NotSaveable, ValuePickler, keep_guard
+from .saved_guards import (GlobalChecks, LocalChecks, NotSaveable, ValuePickler, bind_subclasses,
+                           keep_guard, subclass_globals)
 
 DIRNAME = "tcs_saved_regions"  # inside the entry's inductor dir (persisted and shared with it)
 MODES = ("default", "max-autotune-no-cudagraphs")
@@ -54,9 +57,12 @@ OFF_ENV = "TORCH_COMPILE_SPEED_SAVED_REGIONS"  # operator: "0" turns this module
 
 
 def supported(settings, regional: bool) -> bool:
+    """Regional inductor without CUDA graphs, not turned off, on a torch where ``aot_compile``
+    (with the knob it needs), ``load_compiled_function`` and ``guard_filter_fn`` work."""
+    from . import torch_compat
     return (regional and settings.backend == "inductor" and settings.mode in MODES
-            and hasattr(torch.compiler, "load_compiled_function")
-            and os.environ.get(OFF_ENV, "1").strip().lower() not in ("0", "off", "false", "no"))
+            and os.environ.get(OFF_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+            and torch_compat.load_compiled_function() and torch_compat.guard_filter_fn())
 
 
 def region_key(module: nn.Module) -> str:
@@ -90,6 +96,18 @@ class _Region:
         """torch's saved guards, then ours on the functions the call passes in."""
         return self.fn.guard_check(module, *args, **kwargs) and self.locals.accepts(module, args, kwargs)
 
+    def rejection(self, module: nn.Module, args: tuple, kwargs: dict) -> str:
+        """Why this call is not accepted, for the log: torch's first failing guard, else ours."""
+        try:
+            if self.fn.guard_check(module, *args, **kwargs):
+                return "a function, enum member or class constant the pack checks differs"
+            f_locals = self.fn.prepare_f_locals(module, *args, **kwargs)
+            info = self.fn._artifacts.guard_manager.check_verbose(f_locals)
+            parts = (str(p).split("  #")[0].strip() for p in info.verbose_code_parts)  # (no source)
+            return f"torch's guard {'; '.join(parts)[:300]} fails"
+        except Exception as exc:  # noqa: BLE001 - only a log line
+            return f"torch's guards reject it ({exc.__class__.__name__})"
+
 
 def mode_options(mode: str | None, dynamic: bool | None) -> dict:
     """A torch mode as the inductor options it stands for: ``torch.compile`` takes a mode or
@@ -109,9 +127,11 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, compile_kwargs: dict) 
     kw = {k: v for k, v in compile_kwargs.items() if k in ("backend", "dynamic")}
     options = {**mode_options(compile_kwargs.get("mode"), kw.get("dynamic")),
                "guard_filter_fn": keep_guard(dropped, local_fns, unchecked)}
-    compiled = torch.compile(nn.Module._call_impl, fullgraph=True, options=options, **kw)
-    with ValuePickler():
-        fn = compiled.aot_compile(((module, *args), kwargs))
+    from . import torch_compat
+    with torch_compat.aot_capture():  # torch 2.9: aot_compile exists only under enable_aot_compile
+        compiled = torch.compile(nn.Module._call_impl, fullgraph=True, options=options, **kw)
+        with ValuePickler():
+            fn = compiled.aot_compile(((module, *args), kwargs))
     if unchecked:
         raise NotSaveable(f"it relies on {sorted(unchecked)[0]}, which torch cannot save "
                           "and the pack does not check")
@@ -125,7 +145,8 @@ def save(region: _Region, path: Path, key: str) -> None:
     data = type(region.fn).serialize(region.fn).serialized_data
     meta = {"region": key, "torch": torch.__version__, "globals": region.checks.names,
             "described": region.checks.described, "locals": region.locals.names,
-            "locals_described": region.locals.described}
+            "locals_described": region.locals.described,
+            "subclasses": subclass_globals(region.fn.fn, region.checks.names)}
     write_atomic(path / f"{key}.bin", data)
     write_atomic(path / f"{key}.json", json.dumps(meta))
 
@@ -140,7 +161,12 @@ def load(path: Path, key: str) -> tuple[_Region | None, str]:
     if not isinstance(meta, dict) or meta.get("region") != key or meta.get("torch") != torch.__version__:
         return None, "it was saved for another region or torch"
     try:
-        fn = torch.compiler.load_compiled_function(io.BytesIO(data))
+        subclasses = bind_subclasses(meta.get("subclasses") or {})
+    except Exception as exc:  # noqa: BLE001 - ComfyUI-GGUF not loaded, say
+        return None, f"a tensor subclass it uses is not there ({exc.__class__.__name__}: {exc})"
+    try:
+        extra = {"f_globals": subclasses} if subclasses else {}  # (GGUF's GGMLTensor)
+        fn = torch.compiler.load_compiled_function(io.BytesIO(data), **extra)
     except Exception as exc:  # noqa: BLE001 - corrupt, incompatible (torch checks its system info)
         return None, f"torch could not load it ({exc.__class__.__name__}: {str(exc)[:200]})"
     checks = GlobalChecks(list(meta.get("globals", [])), list(meta.get("described", [])))
@@ -242,8 +268,9 @@ class Precompiled:
                           "accepts this call; the regular torch.compile path runs it", key, taken)
             return None
         if taken:
-            log.info("saved region %s: torch's guards reject this call for the %d saved variant(s) "
-                     "(e.g. parameters' requires_grad or dtype differ); tracing another", key, taken)
+            first = (variants or self._unused[key])[0]
+            log.info("saved region %s: no saved variant accepts this call (%d; for the first, %s); "
+                     "tracing another", key, taken, first.rejection(module, args, kwargs))
         mark()
         try:
             region = capture(module, args, kwargs, self.compile_kwargs)

@@ -3,6 +3,8 @@ loaded by another process, which needs classes it can import. ``gate`` is a glob
 block calls, so a test can patch it the way a ComfyUI node patches attention."""
 from __future__ import annotations
 
+import enum
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -79,3 +81,58 @@ def build(seed: int = 0) -> WanModel:
 def inputs(batch: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(batch * 1000 + tokens)
     return torch.randn(batch, tokens, 8, generator=g), torch.full((batch,), 0.5)
+
+
+# ------------------------------------------------------------- a GGUF-like quantized layer
+
+class Kind(enum.Enum):
+    """Like gguf's ``GGMLQuantizationType``."""
+    Q8 = 8
+    Q4 = 2
+
+
+class QuantTensor(torch.Tensor):
+    """Like ComfyUI-GGUF's ``GGMLTensor``: a plain tensor subclass (no ``__tensor_flatten__``)
+    that keeps what its data means in instance attributes, a LoRA in ``patches``."""
+
+    def __new__(cls, data, *, tensor_type, tensor_shape, patches=()):
+        return super().__new__(cls, data)
+
+    def __init__(self, data, *, tensor_type, tensor_shape, patches=()):
+        super().__init__()
+        self.tensor_type, self.tensor_shape, self.patches = tensor_type, tensor_shape, list(patches)
+
+    def detach(self, *args, **kwargs):  # as GGMLTensor: nn.Parameter keeps this very object
+        return self
+
+    def to(self, *args, **kwargs):  # as GGMLTensor: the copy carries the attributes
+        new = super().to(*args, **kwargs)
+        new.tensor_type = getattr(self, "tensor_type", None)
+        new.tensor_shape = getattr(self, "tensor_shape", new.data.shape)
+        new.patches = getattr(self, "patches", []).copy()
+        return new
+
+
+class QuantLinear(nn.Module):
+    """Dequantizes its weight in forward, as ComfyUI-GGUF's ops do; ``dequant_dtype`` is set on
+    the class by a loader node (ComfyUI-GGUF's ``GGMLOps.Linear.dequant_dtype``)."""
+    dequant_dtype = None
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        q = QuantTensor(weight.flatten(), tensor_type=Kind.Q8, tensor_shape=weight.shape)
+        self.weight = nn.Parameter(q, requires_grad=False)
+
+    def forward(self, x):
+        w = self.weight.to(x.device)
+        deq = torch.Tensor(w.data.reshape(w.tensor_shape)).to(self.dequant_dtype or x.dtype)
+        if w.tensor_type is Kind.Q4:
+            deq = deq * 2
+        for patch in w.patches:
+            deq = deq + patch
+        return F.linear(x, deq.to(x.dtype))
+
+
+def build_quant(seed: int = 0, dim: int = 32) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(QuantLinear(torch.randn(dim, dim) / dim ** 0.5), nn.GELU()).eval()
