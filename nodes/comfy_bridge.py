@@ -286,3 +286,47 @@ def _start_prewarm() -> None:
         return manifest
 
     prewarm.start(cache.root if cache else None, from_fleet if fleet and cache else None)
+
+
+# --------------------------------------------------------------------------- VAE (issue #15)
+
+VAE_METHODS = {"decode": ("decode", "decode_tiled"), "encode": ("encode", "encode_tiled")}
+VAE_ATTR = "torch_compile_speed"  # on the compiled copy only: its CompiledModel
+
+
+def vae_model(vae):
+    """The VAE's ``nn.Module`` (``comfy.sd.VAE.first_stage_model``), or None for an invalid VAE."""
+    return getattr(vae, "first_stage_model", None)
+
+
+def vae_device(vae):
+    import torch
+    return torch.device(getattr(vae, "device", "cpu"))
+
+
+def with_vae_compile(vae, compiled, which: str, node_id=None):
+    """A shallow copy of ``vae`` whose decode (and/or encode) calls run through
+    ``compiled.run``: the compiled callable is attached to the region modules only during the
+    copy's call. The input VAE (same ``first_stage_model``, same patcher) stays eager."""
+    import copy
+    clone = copy.copy(vae)
+    parts = ("decode", "encode") if which == "both" else (which,)
+    for part in parts:
+        for name in VAE_METHODS[part]:
+            setattr(clone, name, _compiled_vae_call(clone, getattr(type(vae), name), compiled, node_id))
+    setattr(clone, VAE_ATTR, compiled)
+    return clone
+
+
+def _compiled_vae_call(clone, method, compiled, node_id):
+    """``method`` (an unbound ``comfy.sd.VAE`` method) on ``clone``, with the regions compiled."""
+    def call(*args, **kwargs):
+        if not compiled.entry.runs and not compiled.entry.failed:  # the UI shows "compiling..."
+            send_status({**status_payload(compiled, node_id), "state": "compiling"})
+        out = compiled.run(clone.first_stage_model, lambda: method(clone, *args, **kwargs),
+                           vae_device(clone))
+        if compiled.changed:
+            send_status(status_payload(compiled, node_id))
+        return out
+    call.__name__ = method.__name__
+    return call

@@ -415,12 +415,13 @@ def test_original_pack_ui_workflow_loads_and_runs(comfy_page, settings_spec, var
 
 def test_server_lists_example_workflows(ui_host):
     listed = ui_host.get("/workflow_templates")
-    assert sorted(listed.get(PACK_MODULE, [])) == ["wan_t2v_compile", "wanvideowrapper_compile_args"], listed
+    assert sorted(listed.get(PACK_MODULE, [])) == ["wan_t2v_compile", "wan_vae_compile",
+                                                     "wanvideowrapper_compile_args"], listed
     served = ui_host.get(f"/api/workflow_templates/{PACK_MODULE}/wan_t2v_compile.json")
     assert served == json.loads((EXAMPLES / "wan_t2v_compile.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["wan_t2v_compile", "wanvideowrapper_compile_args"])
+@pytest.mark.parametrize("name", ["wan_t2v_compile", "wan_vae_compile", "wanvideowrapper_compile_args"])
 def test_example_workflow_loads(comfy_page, settings_spec, name):
     page = comfy_page
     on_disk = json.loads((EXAMPLES / f"{name}.json").read_text())

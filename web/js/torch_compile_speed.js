@@ -16,6 +16,7 @@ const EXTENSION = "TorchCompileSpeed.UI";
 const STATUS_EVENT = "torch_compile_speed.status";
 const SETTINGS_NODE = "TorchCompileSpeedSettings";
 const APPLY_NODE = "ApplyTorchCompile";
+const BADGE_NODES = [APPLY_NODE, "ApplyTorchCompileVAE"];  // nodes that show the status badge
 const DIAGNOSTICS_NODE = "TorchCompileDiagnostics";
 
 const PTX_DEPENDENTS = ["ptx_fast_math", "warmup_runs", "ptx_cache_dir"];
@@ -249,7 +250,7 @@ function onStatus(event) {
   const status = event?.detail;
   if (!status || typeof status !== "object") return;
   const node = findNode(status.node);
-  if (!node || (node.comfyClass ?? node.type) !== APPLY_NODE) return;
+  if (!node || !BADGE_NODES.includes(node.comfyClass ?? node.type)) return;
   setStatus(node, status);
 }
 
@@ -314,7 +315,7 @@ app.registerExtension({
       chain(nodeType.prototype, "onExecuted", function (message) {
         showReport(this, message?.text?.[0]);
       });
-    } else if (nodeData?.name === APPLY_NODE) {
+    } else if (BADGE_NODES.includes(nodeData?.name)) {
       chain(nodeType.prototype, "onDrawForeground", function (ctx) {
         drawBadge(this, ctx);
       });

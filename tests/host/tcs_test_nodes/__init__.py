@@ -602,3 +602,73 @@ class TCSTestWaitForInterrupt:
 
 NODE_CLASS_MAPPINGS[TCSTestWaitForInterrupt.__name__] = TCSTestWaitForInterrupt
 NODE_DISPLAY_NAME_MAPPINGS[TCSTestWaitForInterrupt.__name__] = "[test] TCSTestWaitForInterrupt"
+
+
+# --- issue #15: Apply Torch Compile (VAE)
+
+
+class TCSTestRandomLatent:
+    """TEST-ONLY: a LATENT of seeded standard-normal values, ``[1, channels, frames, height,
+    width]`` (a video latent), or ``[1, channels, height, width]`` when ``frames`` is 0."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "make"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        ints = {"min": 0, "max": 4096}
+        return {"required": {"channels": ("INT", {"default": 16, **ints}),
+                             "frames": ("INT", {"default": 2, **ints}),
+                             "height": ("INT", {"default": 4, **ints}),
+                             "width": ("INT", {"default": 4, **ints}),
+                             "seed": ("INT", {"default": 0, "min": 0, "max": 2**31})}}
+
+    def make(self, channels, frames, height, width, seed):
+        g = torch.Generator().manual_seed(seed)
+        shape = (1, channels, frames, height, width) if frames else (1, channels, height, width)
+        return ({"samples": torch.randn(shape, generator=g)},)
+
+
+class TCSTestVAEProbe:
+    """TEST-ONLY output node: saves ``images`` (raw float tensor), or ``samples``' latent, to
+    ``output/<label>.safetensors`` (key ``images``) and reports the dynamo counters and how
+    ``vae`` is compiled: its CompiledModel's graphs/runs/failure (None for an eager VAE), the
+    methods overridden on the instance, and modules carrying ``_compiled_call_impl`` now."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ()
+    FUNCTION = "probe"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"vae": ("VAE",), "label": ("STRING", {"default": "vae"})},
+                "optional": {"images": ("IMAGE",), "samples": ("LATENT",)}}
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")
+
+    def probe(self, vae, label, images=None, samples=None):
+        import folder_paths
+        images = images if images is not None else samples["samples"]
+        import safetensors.torch
+        out = os.path.join(folder_paths.get_output_directory(), f"{label}.safetensors")
+        safetensors.torch.save_file({"images": images.detach().float().contiguous().cpu()}, out)
+        compiled = vae.__dict__.get("torch_compile_speed")
+        entry = compiled.entry if compiled is not None else None
+        report = {"label": label, "file": out, "counters": _plain_counters(),
+                  "vae_id": id(vae), "model_id": id(vae.first_stage_model),
+                  "instance_methods": sorted(k for k in ("decode", "decode_tiled", "encode", "encode_tiled")
+                                             if k in vae.__dict__),
+                  "modules_with_compiled_call_impl": sum(
+                      1 for m in vae.first_stage_model.modules()
+                      if m.__dict__.get("_compiled_call_impl") is not None),
+                  "compiled": None if entry is None else {
+                      "graphs": entry.graphs, "runs": entry.runs, "failed": entry.failed,
+                      "regions": compiled.description, "fingerprint": entry.fingerprint}}
+        return {"ui": {"probe": [report]}}
+
+
+for _cls in (TCSTestRandomLatent, TCSTestVAEProbe):
+    NODE_CLASS_MAPPINGS[_cls.__name__] = _cls
+    NODE_DISPLAY_NAME_MAPPINGS[_cls.__name__] = f"[test] {_cls.__name__}"
