@@ -30,7 +30,8 @@ SETTINGS = NODE_DEFAULTS  # the settings node as it comes (mode speed, regional)
 def first_compiled_run(work: Path, name: str, model: Path, store: str) -> dict:
     host = ComfyHost(work / name, models=[model],
                      env={"TORCH_COMPILE_SPEED_SHARED_CACHE": store,
-                          "TORCHINDUCTOR_CACHE_DIR": str(work / f"{name}_default_inductor")})
+                          "TORCHINDUCTOR_CACHE_DIR": str(work / f"{name}_default_inductor")},
+                     new_container=True)  # each worker: empty TMPDIR and HOME
     with host:
         eager = host.latent(host.run(wan_t2v_prompt(model.name, apply=False, prefix="e")))
         offset = host.log_offset()

@@ -244,7 +244,7 @@ def bench_pair(spec: str, model_path: Path, variant: str, work: Path, args, info
     res: dict = {"dirs": env}
     name = model_path.name
     for phase in ("cold", "restart"):
-        host = ComfyHost(d / "server", models=[model_path], env=env)
+        host = ComfyHost(d / "server", models=[model_path], env=env, new_container=True)  # empty TMPDIR, HOME
         t0 = time.perf_counter()
         with host:
             res[f"{phase}_server_start_s"] = round(time.perf_counter() - t0, 2)

@@ -180,7 +180,8 @@ class CompiledModel:
         if fast is not None:
             fast.begin_run(modules, device)
         try:
-            with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env), \
+            headers = self.persistent.header_dir() if self.persistent and not on_cuda and env else None
+            with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env, headers=headers), \
                     attached(modules, self.entry.compiled, self.plan.family,
                              self.settings.shape_policy, not self.plan.regional, fast):
                 if first_compile and device.type == "cpu" and self.settings.backend == "inductor":
@@ -229,6 +230,10 @@ class CompiledModel:
             e.precompiled = precompiled.Precompiled(
                 self.persistent.inductor_dir(self.fingerprint) / precompiled.DIRNAME,
                 self.settings.compile_kwargs())
+        elif e.precompiled is None and self.persistent and not torch_compat.load_compiled_function():
+            log.info_once("no-saved-regions", "torch %s cannot save and load a compiled function "
+                          "(torch.compiler.load_compiled_function), so no saved regions: a restart "
+                          "compiles again from the persistent FX-graph cache", torch.__version__)
         return e.precompiled or None
 
     def _cache_counts(self) -> tuple[int, int, int, int]:

@@ -16,7 +16,7 @@ import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
 
-from . import log, shapes
+from . import log, shapes, torch_compat
 
 ALWAYS_INDUCTOR = {"freezing": False}
 # Environment variables the pack may set during a run (snapshot() covers them).
@@ -39,8 +39,9 @@ def _known(config_module, knobs: Mapping[str, object], label: str) -> dict:
 def scoped_state(dynamo: Mapping[str, object] | None = None,
                  inductor: Mapping[str, object] | None = None,
                  env: Mapping[str, str] | None = None,
-                 fx: Mapping[str, object] | None = None) -> Iterator[None]:
-    """Apply dynamo/inductor/fx knobs and env vars inside the block; restore all of them after."""
+                 fx: Mapping[str, object] | None = None, headers: str | None = None) -> Iterator[None]:
+    """Apply dynamo/inductor/fx knobs and env vars (and, with ``headers``, the folder of
+    inductor's precompiled C++ headers) inside the block; restore all of them after."""
     d = _known(dynamo_config, dynamo or {}, "torch._dynamo.config")
     f = _known(fx_config, fx or {}, "torch.fx.experimental._config")
     i = _known(inductor_config, {**(inductor or {}), **ALWAYS_INDUCTOR}, "torch._inductor.config")
@@ -52,7 +53,8 @@ def scoped_state(dynamo: Mapping[str, object] | None = None,
         os.environ.update(env or {})
         if moves_cache:
             _clear_inductor_caches()
-        with dynamo_config.patch(d), inductor_config.patch(i), fx_config.patch(f):
+        with dynamo_config.patch(d), inductor_config.patch(i), fx_config.patch(f), \
+                torch_compat.precompiled_header_dir(headers):
             yield
     finally:
         for k, v in saved_env.items():
@@ -103,6 +105,7 @@ def snapshot() -> dict:
         "inductor": inductor_config.get_config_copy(),
         "fx": fx_config.get_config_copy(),
         "env": {k: os.environ.get(k) for k in PACK_ENV_VARS},
+        "precompiled_headers": torch_compat.precompiled_header_dir_now(),
         "tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
                  torch.get_float32_matmul_precision()),
     }

@@ -19,6 +19,7 @@ import io
 import logging
 import os
 import re
+import sys
 import types
 import warnings
 from typing import Callable, Iterator
@@ -361,3 +362,35 @@ FEATURES: dict[str, Callable[[], object]] = {
 def features() -> dict[str, object]:
     """Every probe's answer (runs the probes not run yet)."""
     return {name: probe() for name, probe in FEATURES.items()}
+
+
+_HEADER_ATTRS = ("_HEADER_DIR", "_HEADER_LOCK_DIR")
+
+
+@contextlib.contextmanager
+def precompiled_header_dir(path: str | None) -> Iterator[None]:
+    """Inside the block, inductor builds its precompiled C++ headers under ``path``. torch puts
+    them under TMPDIR (``codecache._HEADER_DIR``, fixed at import, outside
+    ``TORCHINDUCTOR_CACHE_DIR``) and builds them before it looks for a cached kernel, so a new
+    container rebuilt a 150 MB header (tens of seconds) on a full cache hit. Nothing changes
+    where this torch keeps no such directory."""
+    codecache = sys.modules.get("torch._inductor.codecache") if path else None
+    if codecache is None and path:
+        try:
+            import torch._inductor.codecache as codecache
+        except ImportError:
+            codecache = None
+    if codecache is None or not all(isinstance(getattr(codecache, n, None), str) for n in _HEADER_ATTRS):
+        yield
+        return
+    saved = [getattr(codecache, n) for n in _HEADER_ATTRS]
+    codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = path, os.path.join(path, "locks")
+    try:
+        yield
+    finally:
+        codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = saved
+
+
+def precompiled_header_dir_now() -> str | None:
+    """Where inductor builds precompiled headers now (for the leak checks), if it is imported."""
+    return getattr(sys.modules.get("torch._inductor.codecache"), "_HEADER_DIR", None)

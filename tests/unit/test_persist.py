@@ -177,7 +177,13 @@ def test_shared_object_check(tmp_path):
     real = _real_shared_object()
     assert shared_object_problem(real) == ""
     data = real.read_bytes()
-    cases = {"cut.so": data[: len(data) // 2], "one_short.so": data[:-1], "header.so": data[:40],
+    # the end of the section header table: the file's end for linker output (torch's CPU wheel,
+    # inductor's own .so); torch's CUDA wheels carry data after it (patched libraries)
+    shoff, shentsize, shnum = (int.from_bytes(data[a:b], "little")
+                               for a, b in ((0x28, 0x30), (0x3A, 0x3C), (0x3C, 0x3E)))
+    end = shoff + shentsize * shnum
+    assert data[4] == 2 and data[5] == 1 and 64 < end <= len(data)  # 64-bit little-endian
+    cases = {"cut.so": data[: len(data) // 2], "one_short.so": data[:end - 1], "header.so": data[:40],
              "garbage.so": os.urandom(300), "empty.so": b""}
     expected = {"cut.so": "truncated", "one_short.so": "truncated", "header.so": "truncated",
                 "garbage.so": "not a shared object", "empty.so": "not a shared object"}
@@ -333,3 +339,28 @@ def test_an_unreadable_cache_root_skips_eviction_with_one_warning(tmp_path, monk
     monkeypatch.setattr(Path, "iterdir", _fail(PermissionError(13, "Permission denied")))
     assert cache.evict() == [] and cache.evict() == []
     assert len(pack_log.warnings()) == 1
+
+
+def test_precompiled_headers_are_kept_with_the_cache_and_seeded_from_torchs(tmp_path, monkeypatch):
+    """The header folder lives in the cache root (not counted as an entry); headers torch built
+    earlier in its own folder are linked in once, and a half-written one (too new) is not."""
+    from compile_core import persist, torch_compat
+    theirs = tmp_path / "torch_pch"
+    theirs.mkdir()
+    (theirs / "abc.h").write_text("#include <x>\n")
+    (theirs / "abc.h.gch").write_bytes(b"G" * 100)
+    old = time.time() - 3600
+    for p in theirs.iterdir():
+        os.utime(p, (old, old))
+    monkeypatch.setattr(torch_compat, "precompiled_header_dir_now", lambda: str(theirs))
+    cache = PersistentCache(tmp_path / "cache", max_bytes=MB)
+    ours = Path(cache.header_dir())
+    assert ours == tmp_path / "cache" / ".pch"
+    assert (ours / "abc.h.gch").read_bytes() == b"G" * 100 and (ours / "abc.h").exists()
+    assert cache.entries() == []  # not an entry: eviction leaves it alone
+    fresh = tmp_path / "young"
+    fresh.mkdir()
+    (fresh / "new.h.gch").write_bytes(b"half")
+    monkeypatch.setattr(torch_compat, "precompiled_header_dir_now", lambda: str(fresh))
+    other = PersistentCache(tmp_path / "other", max_bytes=MB)
+    assert not list(Path(other.header_dir()).glob("*.gch"))
