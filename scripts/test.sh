@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
-# The test command (README, CI): builds the environment if needed, then runs every test on the
-# default host, ComfyUI 0.33.0: unit tests of compile_core, integration tests against a real
-# ComfyUI server, fleet tests against a real Redis, and browser tests against the real ComfyUI
-# frontend. Then the host and browser tests run again on ComfyUI 0.3.75.
-#   TCS_TEST_HOSTS="0.33.0"  only the default host (a space-separated list of hosts)
-# Extra arguments pass through to pytest (for every host).
+# The test command (README, CI): builds the environment if needed, then runs
+#  1. every test on the default host, ComfyUI 0.33.0, with the main venv's torch 2.13.0: unit
+#     tests of compile_core, integration tests against a real ComfyUI server, fleet tests against
+#     a real Redis, and browser tests against the real ComfyUI frontend;
+#  2. an older-torch job: tests/unit and tests/host/test_foundation.py on ComfyUI 0.33.0 with
+#     torch 2.8.0 (the oldest torch users run; the CUDA build from PyPI, which runs on the CPU),
+#     in .venv-torch/2.8.0/ (scripts/torch_env.sh: ~3 GB, a few minutes once);
+#  3. on ComfyUI 0.3.75, a subset of the host tests that depends on the host's version, plus
+#     the browser tests (0.3.75 has its own frontend, 1.32.9):
+#       tests/host/test_foundation.py        the nodes as users see them, compile, reuse, contract
+#       tests/host/test_persistent_cache.py  restart: saved regions / FX cache on this host's classes
+#       tests/host/test_gguf.py              ComfyUI-GGUF's loader and tensors on this host
+#       tests/host/test_regions_real_models.py  region plans on this host's real model classes
+#       tests/browser                        the pack in 0.3.75's frontend
+#     The rest of tests/host (input validation, fallbacks, LoRA/offload, shape policy, cancel,
+#     attention override, diagnostics, fleet, ...) exercises the pack's own logic, which step 1
+#     covers; it ran on 0.3.75 too (~20 min) until the older-torch job needed the time (CI:
+#     2 cores, kept under 60 minutes). TCS_SECOND_HOST_TESTS="tests/host tests/browser" runs it.
+# Knobs (environment variables):
+#   TCS_TEST_HOSTS="0.33.0"        hosts to run, space-separated (the first gets every test)
+#   TCS_SECOND_HOST_TESTS="..."    what the other hosts run (e.g. "tests/host tests/browser": all)
+#   TCS_TEST_OLD_TORCH="2.9.1"     the older-torch job's version ("none": skip it)
+# Extra arguments pass through to pytest (for every run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -12,14 +29,32 @@ if ! bash scripts/install_system_deps.sh; then
   echo "[test] chromium/redis-server could not be installed; their tests will fail or skip" >&2
   [ -z "${CI:-}" ] || exit 1
 fi
+SECOND_HOST_TESTS=${TCS_SECOND_HOST_TESTS:-tests/host/test_foundation.py \
+tests/host/test_persistent_cache.py tests/host/test_gguf.py tests/host/test_regions_real_models.py \
+tests/browser}
+OLD_TORCH=${TCS_TEST_OLD_TORCH:-2.8.0}
 status=0
 first=1
 for host in ${TCS_TEST_HOSTS:-0.33.0 0.3.75}; do
-  if [ $first = 1 ]; then paths=(tests); else paths=(tests/host tests/browser); fi
+  if [ $first = 1 ]; then paths=(tests); else read -r -a paths <<< "$SECOND_HOST_TESTS"; fi
   echo "[test] ComfyUI $host: ${paths[*]}"
   # a private basetemp per host: pytest prunes /tmp/pytest-of-$USER across concurrent runs
   TCS_COMFY_HOST=$host .venv/bin/python -m pytest "${paths[@]}" \
     --basetemp="$PWD/.host/pytest-tmp-$host" "$@" || status=1
+  if [ $first = 1 ] && [ "$OLD_TORCH" != none ]; then
+    # the older-torch job, right after the default host (same host, the venv's own torch)
+    echo "[test] torch $OLD_TORCH, ComfyUI 0.33.0: tests/unit tests/host/test_foundation.py"
+    t0=$SECONDS
+    if py=$(bash scripts/torch_env.sh "$OLD_TORCH" | tail -n 1); then
+      echo "[test] torch $OLD_TORCH environment ready after $((SECONDS - t0))s"
+      TCS_COMFY_HOST=0.33.0 "$py" -m pytest tests/unit tests/host/test_foundation.py \
+        --continue-on-collection-errors --basetemp="$PWD/.host/pytest-tmp-torch-$OLD_TORCH" "$@" || status=1
+      echo "[test] torch $OLD_TORCH job took $((SECONDS - t0))s"
+    else
+      echo "[test] torch $OLD_TORCH environment could not be built" >&2
+      status=1
+    fi
+  fi
   first=0
 done
 exit $status

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import tempfile
 import uuid
 import weakref
 from pathlib import Path
@@ -62,7 +63,20 @@ MODEL_CACHE = REPO_ROOT / ".host" / "models" / HOST_VERSION
 TEST_NODES_DIR = Path(__file__).resolve().parent / "tcs_test_nodes"
 PACK_NAME = "TorchCompileSpeed"
 _VENV_PY = REPO_ROOT / ".venv" / "bin" / "python"
-PYTHON = str(_VENV_PY) if _VENV_PY.exists() else sys.executable
+
+
+def _server_python() -> str:
+    """The python that runs the ComfyUI server (and the tiny-model generator): the one running
+    this code when that is a venv (``.venv`` or a torch-matrix venv ``.venv-torch/<version>``,
+    so the host runs on the same torch as the tests), else ``.venv``'s. ``TCS_PYTHON`` overrides."""
+    if os.environ.get("TCS_PYTHON"):
+        return os.environ["TCS_PYTHON"]
+    if sys.prefix != sys.base_prefix or not _VENV_PY.exists():
+        return sys.executable
+    return str(_VENV_PY)
+
+
+PYTHON = _server_python()
 
 
 # --------------------------------------------------------------------------- tiny WAN model
@@ -217,11 +231,22 @@ def die_with_parent():
         pass
 
 
+def _empty_dirs(base: Path, names) -> dict[str, str]:
+    """``{name: a new empty folder under base}``: a new one every call."""
+    out = {}
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        out[name] = tempfile.mkdtemp(prefix=f"{name.lower()}-", dir=base.parent)
+    return out
+
+
 class ComfyHost:
     """One ComfyUI server (``main.py --cpu``) under ``base_dir``; always killed at exit."""
 
     def __init__(self, base_dir, *, models=(), cross_attention=True, extra_args=(), env=None,
-                 port=None, omp_threads=1, with_pack=True, with_test_nodes=True):
+                 port=None, omp_threads=1, with_pack=True, with_test_nodes=True, new_container=False):
+        """``new_container``: TMPDIR and HOME are new empty folders, as in a freshly started
+        container that kept only ComfyUI's folder (torch's default caches live under them)."""
         self.base_dir = Path(base_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -240,6 +265,8 @@ class ComfyHost:
         self.args += list(extra_args)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(omp_threads)}
         self.env.update(env or {})
+        if new_container:
+            self.env.update(_empty_dirs(self.base_dir, ("TMPDIR", "HOME")))
         for sub in ("custom_nodes", "models/diffusion_models", "input", "output", "user", "temp"):
             (self.base_dir / sub).mkdir(parents=True, exist_ok=True)
         if with_pack:
