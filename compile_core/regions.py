@@ -1,7 +1,9 @@
 """Which modules of a diffusion model get compiled: its repeated blocks (regional) or all of it.
 
-Regions are declared as data: the attribute names that hold a model family's repeated
-transformer blocks. Identical blocks run the same ``forward`` code object, so one compiled
+A family in ``BLOCK_ATTRS`` declares the attributes that hold its repeated transformer blocks
+(an override, for families whose blocks discovery would get wrong, e.g. SD's UNet, whose
+TimestepEmbedSequential blocks are never called). Any other model's blocks are found by
+``discovery.discover``. Identical blocks run the same ``forward`` code object, so one compiled
 graph serves all of them and the cold compile cost does not grow with depth.
 """
 from __future__ import annotations
@@ -10,7 +12,7 @@ import dataclasses
 
 from torch import nn
 
-from . import log
+from . import discovery, log, shapes
 
 # Diffusion-model class name (matched anywhere in the MRO) -> attributes holding its blocks.
 BLOCK_ATTRS: dict[str, tuple[str, ...]] = {
@@ -29,7 +31,9 @@ WHOLE_MODEL = ""  # region path meaning "the diffusion model itself"
 class RegionPlan:
     """Dotted paths (relative to the diffusion model) of the modules to compile."""
     paths: tuple[str, ...]
-    family: str  # the BLOCK_ATTRS key that matched, or "" for a whole-model compile
+    # the BLOCK_ATTRS key that matched, the model's class name when its blocks were discovered,
+    # or "" for a whole-model compile (shapes.FAMILY_DYNAMIC_DIMS is keyed by it)
+    family: str
 
     @property
     def regional(self) -> bool:
@@ -55,10 +59,33 @@ def family_of(diffusion_model: nn.Module) -> str:
 
 
 def plan_regions(diffusion_model: nn.Module, blocks_only: bool) -> RegionPlan:
-    """Regional plan for known families when ``blocks_only``; otherwise the whole model."""
+    """Regional plan (declared or discovered blocks) when ``blocks_only``; else the whole model."""
     if not blocks_only:
         return RegionPlan((WHOLE_MODEL,), "")
     family = family_of(diffusion_model)
+    paths = _declared_paths(diffusion_model, family)
+    why_not = f"its {family} block attributes hold no blocks"
+    if not paths:
+        found = discovery.discover(diffusion_model)
+        family, why_not = _discovered_family(diffusion_model), found.why_not or why_not
+        paths = [p for path in found.paths for p in _block_paths(path, diffusion_model.get_submodule(path))]
+    if not paths:
+        log.info("no repeated transformer blocks in %s (%s); compiling the whole diffusion model instead",
+                 type(diffusion_model).__name__, why_not)
+        return RegionPlan((WHOLE_MODEL,), "")
+    return RegionPlan(tuple(paths), family)
+
+
+def _discovered_family(diffusion_model: nn.Module) -> str:
+    """The model's class name, or the nearest base class with its own shape policy (a subclass
+    such as Anima of Cosmos' MiniTrainDIT takes the same block inputs)."""
+    for cls in type(diffusion_model).__mro__:
+        if cls.__name__ in shapes.FAMILY_DYNAMIC_DIMS:
+            return cls.__name__
+    return type(diffusion_model).__name__
+
+
+def _declared_paths(diffusion_model: nn.Module, family: str) -> list[str]:
     paths: list[str] = []
     for attr in BLOCK_ATTRS.get(family, ()):
         holder = getattr(diffusion_model, attr, None)
@@ -67,11 +94,7 @@ def plan_regions(diffusion_model: nn.Module, blocks_only: bool) -> RegionPlan:
                 paths += _block_paths(f"{attr}.{i}", block)
         elif isinstance(holder, nn.Module):
             paths += _block_paths(attr, holder)
-    if not paths:
-        log.info("no known transformer blocks in %s; compiling the whole diffusion model instead",
-                 type(diffusion_model).__name__)
-        return RegionPlan((WHOLE_MODEL,), "")
-    return RegionPlan(tuple(paths), family)
+    return paths
 
 
 def _is_block(container: nn.Module) -> bool:

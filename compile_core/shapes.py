@@ -5,7 +5,10 @@ Under ``auto``, before each compiled region call the latent-derived dims of its 
 dynamic, and inputs are made contiguous (a transposed first-block input otherwise costs a
 second graph through a stride guard). Two traps are closed by scoped fx knobs:
 duck sizing (two dims that happen to be equal get tied to one symbol) and 0/1
-specialisation (a batch of 1 at the first call would pin the batch to 1).
+specialisation (a batch of 1 at the first call would pin the batch to 1). The knobs are
+chosen per torch (``torch_compat.auto_fx_knobs``): on torch 2.8/2.9 ``backed_size_oblivious``
+breaks WAN's size-1 modulation dim, so there it is left off and a batch of 1 at the first
+call costs one recompile at the first batch of 2.
 """
 from __future__ import annotations
 
@@ -17,10 +20,20 @@ from torch import nn
 
 POLICIES = ("auto", "static", "dynamic")
 
-# Region forward argument name -> latent-derived dims, per model family (regions.BLOCK_ATTRS keys).
+# Region forward argument name -> latent-derived dims, per model family (RegionPlan.family: a
+# regions.BLOCK_ATTRS key, or a discovered model's class, or the nearest base class listed here).
+# Families not listed get the generic rule (``generic_layout_dims``).
 FAMILY_DYNAMIC_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     # context: WAN's text encoder pads to >= 512 tokens; longer prompts give longer contexts
-    "WanModel": {"x": (0, 1), "e": (0, 1), "freqs": (1,), "context": (0, 1)},
+    # c: a VACE block's control tokens (as many as x's)
+    "WanModel": {"x": (0, 1), "e": (0, 1), "freqs": (1,), "context": (0, 1), "c": (0, 1)},
+    # Cosmos blocks take channels-last video, which the generic rule ([B, C, T, H, W]) gets wrong:
+    # GeneralDIT's x is [T, H, W, B, D] (block_x_format THWBD), Predict2's [B, T, H, W, D]
+    "GeneralDIT": {"x": (0, 1, 2, 3), "emb_B_D": (0,), "crossattn_emb": (0, 1), "crossattn_mask": (0, 1),
+                   "rope_emb_L_1_1_D": (0,), "adaln_lora_B_3D": (0,)},
+    "MiniTrainDIT": {"x_B_T_H_W_D": (0, 1, 2, 3), "emb_B_T_D": (0, 1), "crossattn_emb": (0, 1),
+                     "rope_emb_L_1_1_D": (1,), "adaln_lora_B_T_3D": (0, 1),  # rope: [1, L, 1, 1, D]
+                     "extra_per_block_pos_emb": (0, 1, 2, 3)},
 }
 
 
@@ -28,7 +41,8 @@ def fx_knobs(policy: str) -> dict[str, object]:
     """``torch.fx.experimental._config`` knobs for the run (see module docstring)."""
     if policy != "auto":
         return {}
-    return {"use_duck_shape": False, "backed_size_oblivious": True}
+    from . import torch_compat
+    return torch_compat.auto_fx_knobs()
 
 
 def torch_dynamic(policy: str) -> bool | None:
@@ -49,6 +63,58 @@ def _generic_dims(t: torch.Tensor, whole_model: bool) -> tuple[int, ...]:
     return {3: (0, 1), 4: (0, 2, 3), 5: (0, 2, 3, 4)}.get(t.ndim, (0,) if t.ndim else ())
 
 
+def _token_counts(tensors: list[torch.Tensor], batch: int) -> set[int]:
+    """Sizes that follow the latent in a block call whose first tensor is ``tensors[0]``: its
+    token count (or spatial size), the token count of every other [B, S, C] input (text tokens
+    of joint attention), and the first's count plus each other (a rope table over text + image)."""
+    first = tensors[0]
+    if first.ndim >= 4:
+        spatial = first.shape[2:]
+        own = {int(torch.Size(spatial).numel()), int(torch.Size(spatial[-2:]).numel())}
+    else:
+        own = {int(first.shape[1])} if first.ndim == 3 else set()
+    others = {int(t.shape[1]) for t in tensors[1:] if t.ndim == 3 and t.shape[0] == batch}
+    # a size-1 dim is a broadcast dim ([B, 1, C] modulation), never a token count: marked dynamic
+    # under backed_size_oblivious it would stop broadcasting
+    return {n for n in own | others | {a + b for a in own for b in others} if n > 1}
+
+
+def _learned_dims(t: torch.Tensor, batch, tokens: set[int]) -> tuple[int, ...]:
+    """A non-first tensor's latent-derived dims: a batch-sized dim 0, and any other dim whose size
+    is one of the call's token counts, except the last (a feature dim; but a [B, S] mask's S and
+    an [.., L, L] mask's last L count)."""
+    lead = batch is not None and t.shape[0] == batch
+    square = t.ndim >= 3 and t.shape[-1] == t.shape[-2]  # an [.., L, L] attention mask
+    last = t.ndim if (t.ndim == 2 and lead) or square else t.ndim - 1
+    return tuple(d for d in range(max(last, 1))
+                 if (d == 0 and lead) or (d < last and int(t.shape[d]) in tokens))
+
+
+def tensor_slots(args: tuple, kwargs: dict) -> list[tuple[object, torch.Tensor]]:
+    """A call's tensors with their slots: an argument index or name, or (slot, i) for the i-th
+    tensor of a tuple/list argument (e.g. a (cos, sin) rope pair)."""
+    out = []
+    for k, v in [*enumerate(args), *kwargs.items()]:
+        if isinstance(v, torch.Tensor):
+            out.append((k, v))
+        elif isinstance(v, (tuple, list)) and len(v) <= 8:
+            out.extend(((k, j), x) for j, x in enumerate(v) if isinstance(x, torch.Tensor))
+    return out
+
+
+def generic_layout_dims(slots: list[tuple[object, torch.Tensor]]) -> dict:
+    """Unknown family: {slot: dims} for one call layout (``tensor_slots``). The first tensor is
+    the hidden state (``_generic_dims``); the others follow ``_learned_dims``."""
+    if not slots:
+        return {}
+    first = slots[0][1]
+    batch = first.shape[0] if first.ndim else None
+    tokens = _token_counts([v for _, v in slots if v.ndim], batch) if first.ndim else set()
+    out = {slots[0][0]: _generic_dims(first, False)}
+    out.update((k, _learned_dims(v, batch, tokens) if v.ndim else ()) for k, v in slots[1:])
+    return out
+
+
 class InputShaper:
     """Prepares the arguments of one region type's calls (cheap: runs on every block call)."""
 
@@ -62,6 +128,9 @@ class InputShaper:
                                                 .parameters.values())[1:]
                            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] \
             if self.dims else []
+        # unknown family: dims per argument slot, decided at the first call of each layout and
+        # kept, so every later size gets the same marks
+        self.layouts: dict[tuple, dict] = {}
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:
         """(args, kwargs, marks): the inputs made contiguous, and the (tensor, dim) pairs to mark
@@ -74,8 +143,30 @@ class InputShaper:
             kwargs = {k: self._prepare(v, self.dims.get(k, ()), marks) if isinstance(v, torch.Tensor)
                       else v for k, v in kwargs.items()}
             return args, kwargs, marks
-        # Unknown family: the first tensor is the hidden state; other tensors that share its
-        # batch size get a dynamic batch too. Nothing else is guessed.
+        if self.whole_model:
+            return self._whole_model(args, kwargs, marks)
+        slots = tensor_slots(args, kwargs)
+        key = tuple((k, v.ndim) for k, v in slots)
+        dims = self.layouts.get(key)
+        if dims is None:
+            dims = self.layouts[key] = generic_layout_dims(slots)
+        args = tuple(self._prepare_arg(v, i, dims, marks) for i, v in enumerate(args))
+        kwargs = {k: self._prepare_arg(v, k, dims, marks) for k, v in kwargs.items()}
+        return args, kwargs, marks
+
+    def _prepare_arg(self, v, slot, dims: dict, marks: list):
+        if isinstance(v, torch.Tensor):
+            return self._prepare(v, dims.get(slot, ()), marks)
+        if isinstance(v, (tuple, list)) and any((slot, j) in dims for j in range(len(v))):
+            items = [self._prepare(x, dims.get((slot, j), ()), marks) if isinstance(x, torch.Tensor) else x
+                     for j, x in enumerate(v)]
+            if any(a is not b for a, b in zip(items, v)):
+                return type(v)(items) if type(v) in (tuple, list) else v
+        return v
+
+    def _whole_model(self, args: tuple, kwargs: dict, marks: list) -> tuple[tuple, dict, list]:
+        """Whole model: the first tensor's batch (``_generic_dims``), and the batch of every other
+        tensor that shares it. Nothing else is guessed."""
         args = list(args)
         batch = None
         for i, value in enumerate(args):

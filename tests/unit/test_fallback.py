@@ -75,6 +75,10 @@ def test_errors_defined_in_compiler_modules_are_compile_failures():
     (RuntimeError("triton: 0 active drivers"), "Triton"),
     (RuntimeError("backend='x' raised:\nRuntimeError: boom"), "another backend"),
     (RuntimeError("something else went wrong"), "compile_transformer_blocks_only"),
+    # torch 2.8/2.9 on WAN with backed_size_oblivious (issue #14)
+    (RuntimeError("TorchRuntimeError: Dynamo failed to run FX node with fake tensors: call_function "
+                  "addcmul(*(FakeTensor(..., size=(s0, s27, 32)),), **{}): got RuntimeError("
+                  "'Attempting to broadcast a dimension of length s27 at -2!')"), "shape_policy 'static'"),
 ])
 def test_explain_suggests_a_fix_for_each_kind(exc, fix_words):
     msg = explain(exc)
@@ -87,3 +91,66 @@ def test_explain_handles_empty_and_long_messages():
     assert explain(RuntimeError()).startswith("RuntimeError")
     long = explain(RuntimeError("x" * 5000))
     assert "\n" not in long and len(long) < 500 and "-> fix:" in long
+
+
+# --- errors raised while compiled code runs (issue #15: Hunyuan-DiT's guard assertion) ----------
+
+def _raise_from_dynamo_guards():
+    """A plain AssertionError raised from a torch._dynamo module, as dynamo's guard check raises
+    ``Guard failed on the same frame it was created`` (torch/_dynamo/guards.py)."""
+    import torch._dynamo.guards as guards
+    code = compile("raise AssertionError('Guard failed on the same frame it was created. This is a "
+                   "bug - please create an issue.')", guards.__file__, "exec")
+    exec(code, {"__name__": guards.__name__})
+
+
+def test_plain_error_raised_inside_dynamo_is_a_compile_failure():
+    with pytest.raises(AssertionError) as info:
+        _raise_from_dynamo_guards()
+    assert is_compile_failure(info.value)
+    msg = explain(info.value)
+    assert "\n" not in msg
+    assert "compiled code failed while running (raised in torch._dynamo.guards)" in msg
+    assert "AssertionError: Guard failed on the same frame" in msg
+    assert "torch.compile bug" in msg.split("-> fix:")[1]
+
+
+def test_same_error_raised_by_the_model_is_not_a_compile_failure():
+    with pytest.raises(AssertionError) as info:
+        assert False, "Guard failed on the same frame it was created"  # the model's own code
+    assert not is_compile_failure(info.value)
+
+
+def test_out_of_memory_inside_compiled_code_is_not_a_compile_failure():
+    import torch._inductor.utils as where
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        exec(compile("raise OOM('CUDA out of memory')", where.__file__, "exec"),
+             {"__name__": where.__name__, "OOM": torch.OutOfMemoryError})
+    assert not is_compile_failure(info.value)
+
+
+def test_error_in_inductor_generated_code_is_a_compile_failure():
+    with pytest.raises(IndexError) as info:
+        exec(compile("raise IndexError('out of bounds')", "/tmp/torchinductor_x/ab/cabc.py", "exec"),
+             {"__name__": "cabc", "async_compile": object()})
+    assert is_compile_failure(info.value)
+    assert "raised in inductor-generated code" in explain(info.value)
+
+
+def test_engine_falls_back_when_compiled_region_raises_from_dynamo(monkeypatch):
+    """The failure reaches CompiledModel.run from inside the compiled call: the call is answered
+    eagerly and compile is switched off with the runtime message."""
+    from compile_core import engine
+    from compile_core.registry import ReuseRegistry
+    from compile_core.settings import CompileSettings, build_compile_args
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    settings = CompileSettings.from_args(build_compile_args(
+        backend="eager", mode="default", compile_transformer_blocks_only=False))
+    cm = engine.prepare(model, settings, registry=ReuseRegistry())
+    cm.entry.compiled = lambda module, *a, **k: _raise_from_dynamo_guards()
+    x = torch.randn(2, 4)
+    out = cm.run(model, lambda: model(x), torch.device("cpu"))
+    torch.testing.assert_close(out, model(x))
+    assert "Guard failed on the same frame" in cm.entry.failed
+    assert "compiled code failed while running" in cm.entry.failed

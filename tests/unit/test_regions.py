@@ -167,3 +167,201 @@ def test_plan_paths_resolve_with_get_submodule():
     model = WanModel()
     for path, module in zip(plan_regions(model, True).paths, plan_regions(model, True).modules(model)):
         assert model.get_submodule(path) is module
+
+
+# --------------------------------------------------------------------------- discovery (issue #15)
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(4, 4)
+        self.mlp = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return x + self.mlp(self.attn(x))
+
+
+class OtherBlock(Block):
+    pass
+
+
+def _blocks(n, cls=Block):
+    return nn.ModuleList(cls() for _ in range(n))
+
+
+class TwoStreamDiT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 4)
+        self.double_layers = _blocks(2, OtherBlock)
+        self.single_layers = _blocks(3)
+        self.unused_layers = _blocks(2)
+        self.head = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))  # a list of leaves, not blocks
+
+    def forward(self, x):
+        x = self.embed(x)
+        for b in self.double_layers:
+            x = b(x)
+        for b in self.single_layers:
+            x = b(x)
+        return self.head(x)
+
+
+def test_discovers_two_block_lists_of_different_classes_and_skips_an_unused_one(pack_log):
+    model = TwoStreamDiT()
+    plan = plan_regions(model, True)
+    assert plan.regional and plan.family == "TwoStreamDiT"
+    assert plan.paths == ("double_layers.0", "double_layers.1",
+                          "single_layers.0", "single_layers.1", "single_layers.2")
+    assert plan.describe(model) == "OtherBlock x2, Block x3"
+    assert pack_log.infos() == []
+
+
+class OnlyUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.spare = _blocks(2)
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def test_a_list_forward_never_uses_is_not_compiled(pack_log):
+    plan = plan_regions(OnlyUnused(), True)
+    assert plan.paths == (WHOLE_MODEL,) and plan.family == ""
+    (line,) = pack_log.infos()
+    assert "OnlyUnused" in line and "spare" in line and "not used" in line and "whole" in line
+
+
+class SingleBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = _blocks(1)
+
+    def forward(self, x):
+        return self.blocks[0](x)
+
+
+def test_a_single_block_is_not_a_repeated_block(pack_log):
+    plan = plan_regions(SingleBlock(), True)
+    assert plan.paths == (WHOLE_MODEL,)
+    (line,) = pack_log.infos()
+    assert "SingleBlock" in line and "at least 2 blocks" in line
+
+
+class Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = _blocks(2)
+        self.deeper = nn.Module()
+        self.deeper.layers = _blocks(2, OtherBlock)  # two levels down: not looked at
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.transformer = Inner()
+
+    def forward(self, x):
+        return self.transformer(x)
+
+
+def test_nested_one_level_is_found_two_levels_is_not():
+    model = Nested()
+    plan = plan_regions(model, True)
+    assert plan.paths == ("transformer.blocks.0", "transformer.blocks.1")
+    assert plan.modules(model) == list(model.transformer.blocks)
+
+
+class Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block(), OtherBlock()])
+
+    def forward(self, x):
+        for b in self.layers:
+            x = b(x)
+        return x
+
+
+def test_a_list_of_mixed_classes_is_not_a_block_list():
+    assert plan_regions(Mixed(), True).paths == (WHOLE_MODEL,)
+
+
+def test_declared_family_is_not_rediscovered():
+    """BLOCK_ATTRS overrides discovery: a WanModel's other lists are not added."""
+    WanModel = make_family("WanModel", blocks=lambda: _blocks(2), extra=lambda: _blocks(2))
+    plan = plan_regions(WanModel(), True)
+    assert plan.family == "WanModel" and plan.paths == ("blocks.0", "blocks.1")
+
+
+def test_discovered_plan_fingerprint_is_stable_and_names_the_blocks():
+    from compile_core.fingerprint import fingerprint
+    from compile_core.settings import CompileSettings, build_compile_args
+    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default"))
+    a, b = TwoStreamDiT(), TwoStreamDiT()
+    assert fingerprint(a, plan_regions(a, True), settings) == fingerprint(b, plan_regions(b, True), settings)
+    whole = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default",
+                                                         compile_transformer_blocks_only=False))
+    assert fingerprint(a, plan_regions(a, True), settings) != fingerprint(a, plan_regions(a, False), whole)
+
+
+# --------------------------------------------------------------------------- shapes of discovered blocks
+
+def test_generic_dims_follow_token_counts_in_every_input():
+    import torch
+    from compile_core.shapes import generic_layout_dims, tensor_slots
+    x, txt = torch.randn(1, 60, 64), torch.randn(1, 8, 64)
+    vec, t = torch.randn(1, 64), torch.randn(1)
+    cos = torch.randn(60, 32)                     # rope over the image tokens, no batch
+    pe = torch.randn(1, 1, 68, 16, 2, 2)          # rope over text + image tokens
+    mask = torch.ones(1, 8)
+    dims = generic_layout_dims(tensor_slots((x, txt, vec, (cos, cos)), {"pe": pe, "mask": mask, "t": t}))
+    assert dims == {0: (0, 1), 1: (0, 1), 2: (0,), (3, 0): (0,), (3, 1): (0,),
+                    "pe": (0, 2), "mask": (0, 1), "t": (0,)}
+
+
+def test_generic_dims_for_image_blocks():
+    import torch
+    from compile_core.shapes import generic_layout_dims, tensor_slots
+    dims = generic_layout_dims(tensor_slots((torch.randn(2, 8, 6, 10), torch.randn(2, 32)), {}))
+    assert dims == {0: (0, 2, 3), 1: (0,)}
+
+
+def test_generic_dims_never_mark_a_broadcast_dim_of_size_one():
+    """LTXV's [B, 1, C] modulation: a size-1 dim marked dynamic stops broadcasting (backed size
+    oblivious), and the compile fails."""
+    import torch
+    from compile_core.shapes import generic_layout_dims, tensor_slots
+    x, gate, pe = torch.randn(1, 60, 64), torch.randn(1, 1, 64), torch.randn(1, 1, 60, 16)
+    dims = generic_layout_dims(tensor_slots((x, gate, pe), {}))
+    assert dims == {0: (0, 1), 1: (0,), 2: (0, 2)}
+
+
+def test_generic_dims_mark_both_sides_of_a_square_attention_mask():
+    import torch
+    from compile_core.shapes import generic_layout_dims, tensor_slots
+    x, txt, mask = torch.randn(1, 68, 64), torch.randn(1, 8, 64), torch.ones(1, 1, 76, 76)
+    assert generic_layout_dims(tensor_slots((x, txt, mask), {}))[2] == (0, 2, 3)
+
+
+class DictBlocks(nn.Module):
+    """Cosmos keeps its blocks in an nn.ModuleDict (block0, block1, ...)."""
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleDict({f"block{i}": Block() for i in range(2)})
+
+    def forward(self, x):
+        for _, block in self.blocks.items():
+            x = block(x)
+        return x
+
+
+def test_a_module_dict_of_blocks_is_found():
+    assert plan_regions(DictBlocks(), True).paths == ("blocks.block0", "blocks.block1")

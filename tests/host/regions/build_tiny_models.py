@@ -400,15 +400,8 @@ def run_case(name, build, make_inputs):
 
 # --------------------------------------------------------------------------- main
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--run", default=",".join(RUN_CASES), help="cases to also run eager vs compiled")
-    ap.add_argument("--policy", default="", help="shape policy for every run case (default: RUN_POLICY)")
-    args = ap.parse_args(argv)
-    if args.policy:
-        RUN_POLICY.update(dict.fromkeys(CASES, args.policy))
-
+def setup_host() -> None:
+    """Import the host's ``comfy`` as ComfyUI does on CPU (``model_zoo.py`` shares this)."""
     os.chdir(COMFY_DIR)
     sys.path.insert(0, str(COMFY_DIR))
     if str(REPO) not in sys.path:
@@ -421,6 +414,18 @@ def main(argv=None) -> int:
     import torch
     import comfy.ops  # noqa: F401
     torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--run", default=",".join(RUN_CASES), help="cases to also run eager vs compiled")
+    ap.add_argument("--policy", default="", help="shape policy for every run case (default: RUN_POLICY)")
+    args = ap.parse_args(argv)
+    if args.policy:
+        RUN_POLICY.update(dict.fromkeys(CASES, args.policy))
+
+    setup_host()
 
     stdout = sys.stdout
     sys.stdout = sys.stderr  # keep library chatter off the JSON channel
