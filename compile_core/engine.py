@@ -78,11 +78,13 @@ def _own_backend(kwargs: dict) -> dict:
 @contextlib.contextmanager
 def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
              policy: str = "auto", whole_model: bool = False,
-             fast: precompiled.Precompiled | None = None) -> Iterator[None]:
+             fast: precompiled.Precompiled | None = None,
+             shapers: dict[type, shapes.InputShaper] | None = None) -> Iterator[None]:
     """Route each module's ``__call__`` through ``compiled`` (or ``fast`` where it has the
-    region) for the duration of the block, with its inputs prepared by the shape policy."""
+    region) for the duration of the block, with its inputs prepared by the shape policy.
+    ``shapers`` (per region class) may be kept by the caller from one call to the next."""
     saved = []
-    shapers: dict[type, shapes.InputShaper] = {}
+    shapers = {} if shapers is None else shapers
     try:
         for m in modules:
             shaper = shapers.get(type(m)) or shapers.setdefault(
@@ -146,6 +148,9 @@ class CompiledModel:
     _warmed: bool = False
     _ran: bool = False
     changed: bool = False
+    # the same on every call: kept, not rebuilt per model call (see _scope)
+    _scopes: dict = dataclasses.field(default_factory=dict)
+    _shapers: dict = dataclasses.field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str:
@@ -164,8 +169,7 @@ class CompiledModel:
         if self.entry.failed:
             return call()
         on_cuda = device.type == "cuda"
-        ptx = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
-        env = {**(self.persistent.env(self.fingerprint) if self.persistent else {}), **ptx}
+        scope, ptx = self._scope(on_cuda)
         recorder, first_compile = None, self.entry.graphs == 0
         if first_compile:
             prewarm.wait()  # a background warm-up's imports must not race this compile's
@@ -180,10 +184,9 @@ class CompiledModel:
         if fast is not None:
             fast.begin_run(modules, device)
         try:
-            headers = self.persistent.header_dir() if self.persistent and not on_cuda and env else None
-            with scoped.scoped_state(**scoped.knobs_for(self.settings, on_cuda), env=env, headers=headers), \
+            with scoped.scoped_state(**scope), \
                     attached(modules, self.entry.compiled, self.plan.family,
-                             self.settings.shape_policy, not self.plan.regional, fast):
+                             self.settings.shape_policy, not self.plan.regional, fast, self._shapers):
                 if first_compile and device.type == "cpu" and self.settings.backend == "inductor":
                     prewarm.probe_cpu_isa()  # side by side, not one ISA after another
                 if ptx and not self._warmed and self.settings.warmup_runs:
@@ -222,6 +225,20 @@ class CompiledModel:
                 if changed and self.fleet:
                     self.fleet.publish_manifest(changed)
         return out
+
+    def _scope(self, on_cuda: bool) -> tuple[dict, dict]:
+        """(``scoped_state`` arguments, PTX env) of a run on CUDA or not: computed on the first
+        call (the persistent cache checks its folder then) and kept, unless the cache folder
+        could not be used, which the next call tries again."""
+        got = self._scopes.get(on_cuda)
+        if got is None:
+            ptx = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
+            env = {**(self.persistent.env(self.fingerprint) if self.persistent else {}), **ptx}
+            headers = self.persistent.header_dir() if self.persistent and not on_cuda and env else None
+            got = ({**scoped.knobs_for(self.settings, on_cuda), "env": env, "headers": headers}, ptx)
+            if env or not self.persistent:
+                self._scopes[on_cuda] = got
+        return got
 
     def _precompiled(self) -> precompiled.Precompiled | None:
         """The entry's dynamo-level warm start (``compile_core.precompiled``), where it applies."""
