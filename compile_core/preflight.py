@@ -65,6 +65,9 @@ def _cpp_compiler_problem(_cxx, _cc, _search, _path, _platform) -> str:
     try:
         from torch._inductor import cpp_builder
         compiler = cpp_builder.get_cpp_compiler()
+    except subprocess.CalledProcessError as exc:  # torch 2.9 on Windows runs ``cl /help`` here
+        cmd = exc.cmd[0] if isinstance(exc.cmd, (list, tuple)) and exc.cmd else exc.cmd
+        return f"C++ compiler {cmd!r} fails (exit {exc.returncode})"
     except Exception as exc:  # noqa: BLE001 - torch raises various errors when none is found
         return f"no C++ compiler found ({exc.__class__.__name__}: {exc})"
     return _msvc_problem(compiler) if on_windows() else _gnu_problem(compiler)

@@ -434,7 +434,8 @@ def test_example_workflow_loads(comfy_page, settings_spec, name):
     }})()""")
     assert page.exceptions[exceptions_before:] == []
 
-    ours = [n for n in on_disk["nodes"] if n["type"] in ("TorchCompileSpeedSettings", "ApplyTorchCompile")]
+    ours = [n for n in on_disk["nodes"]
+            if n["type"] in ("TorchCompileSpeedSettings", "ApplyTorchCompile", "ApplyTorchCompileVAE")]
     assert ours
     for node in ours:
         assert page.node(node["id"], "n.type") == node["type"]
@@ -450,6 +451,9 @@ def test_example_workflow_loads(comfy_page, settings_spec, name):
 
     settings_id = next(n["id"] for n in ours if n["type"] == "TorchCompileSpeedSettings")
     targets = [t for o, t, typ in page.links() if o == str(settings_id) and typ == "WANCOMPILEARGS"]
+    if name == "wan_vae_compile":  # one settings node feeds the model's and the VAE's Apply
+        assert sorted(page.node(t, "n.type") for t in targets) == ["ApplyTorchCompile", "ApplyTorchCompileVAE"]
+        return
     assert len(targets) == 1
     target_type = page.node(targets[0], "n.type")
 

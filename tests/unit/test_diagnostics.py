@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core import diagnostics, engine, graph_breaks, recompiles, timing, warmup
+from compile_core import diagnostics, engine, graph_breaks, recompiles, scoped, timing, warmup
 from compile_core.diagnostics import Report
 from compile_core.timing import Timing
 from compile_core.settings import CompileSettings, build_compile_args
@@ -120,13 +120,15 @@ def test_graph_break_search_keeps_other_compiled_code(fresh_code, graph_count):
         return torch.sin(x) * 2
 
     f.__code__ = f.__code__.replace()
-    cf = torch.compile(f, backend="aot_eager")
     x = torch.randn(3)
-    cf(x)
+    with scoped.scoped_state():  # other code's compile: torch 2.8/2.9 set TORCHINDUCTOR_CACHE_DIR
+        cf = torch.compile(f, backend="aot_eager")
+        cf(x)
     g0 = graph_count()
     graph_breaks.find_graph_breaks(Breaking(), (torch.randn(2, 4),), {})
     g1 = graph_count()
-    cf(x)
+    with scoped.scoped_state():
+        cf(x)
     assert graph_count() == g1 > g0  # the break search traced; f was not compiled again
 
 

@@ -36,9 +36,18 @@ def _linear_like_comfy_op_under_dynamic_vram(x, w):
 
 
 def test_the_per_weight_aimdo_calls_are_graph_breaks():
+    from torch._dynamo.utils import counters
+    before = dict(counters["unimplemented"])
     explained = torch._dynamo.explain(_linear_like_comfy_op_under_dynamic_vram)(
         torch.randn(2, 4), torch.randn(3, 4))
     reasons = [str(b.reason) for b in explained.break_reasons]
+    if explained.graph_break_count == -1:
+        # torch 2.8/2.9: dynamo gives up on the whole frame at the first call, the ctypes array
+        # (explain's -1: no graph, no break); nothing of the op is compiled at all
+        new = [k for k, n in counters["unimplemented"].items() if n > before.get(k, 0)]
+        assert explained.graph_count == 0 and not reasons, explained
+        assert len(new) == 1 and "PyCSimpleType" in new[0] and "c_uint" in new[0], new
+        return
     assert explained.graph_break_count == 3, reasons
     assert explained.graph_count == 4
     assert "c_uint_Array_3" in reasons[0]               # the ctypes array

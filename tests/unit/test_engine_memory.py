@@ -15,7 +15,7 @@ import weakref
 import pytest
 import torch
 
-from compile_core import engine, fingerprint
+from compile_core import engine, fingerprint, torch_compat
 from compile_core.registry import REGISTRY
 from compile_core.settings import CompileSettings, build_compile_args
 
@@ -98,6 +98,8 @@ def test_dropped_models_free_their_weights_after_a_recompile(wan, graph_count):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not torch_compat.load_compiled_function(),
+                    reason="this torch cannot save and load a compiled function: no saved-region path")
 def test_models_on_the_saved_region_path_are_freed_too(tmp_path, monkeypatch):
     """The saved-region path (torch's AOT functions, our guard checks, the persistent cache):
     models of two structures, a registry bounded to one entry, every region run on the fast

@@ -4,14 +4,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from compile_core import scoped
 from compile_core.fallback import explain, is_compile_failure
 
 
 @pytest.fixture
 def backend_failure(raising_backend):
     """A real BackendCompilerFailed, raised by dynamo for the test's raising backend."""
-    f = torch.compile(lambda t: t.sin() + 1, backend=raising_backend.name)
-    with pytest.raises(Exception) as info:
+    # scoped: torch 2.8/2.9's torch.compile() sets TORCHINDUCTOR_CACHE_DIR
+    with scoped.scoped_state(), pytest.raises(Exception) as info:
+        f = torch.compile(lambda t: t.sin() + 1, backend=raising_backend.name)
         f(torch.randn(3))
     return info.value
 
@@ -35,9 +37,10 @@ def test_fake_tensor_error_while_tracing_is_a_dynamo_exception():
     """Dynamo wraps the model's own shape errors (TorchRuntimeError), so classification alone
     cannot tell them apart; the engine lets eager decide (see test_engine)."""
     lin = torch.nn.Linear(8, 8)
-    f = torch.compile(lin, backend="aot_eager")
-    with pytest.raises(Exception) as info:
-        f(torch.randn(2, 5))
+    with scoped.scoped_state():  # torch 2.8/2.9's torch.compile() sets TORCHINDUCTOR_CACHE_DIR
+        f = torch.compile(lin, backend="aot_eager")
+        with pytest.raises(Exception) as info:
+            f(torch.randn(2, 5))
     assert isinstance(info.value, torch._dynamo.exc.TorchDynamoException)
     assert is_compile_failure(info.value)
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from compile_core import scoped
 from compile_core.settings import (NEW_EXTRA_KEYS, CompileArgsError, CompileSettings,
                                    backend_choices, build_compile_args, torch_modes)
 
@@ -47,8 +48,9 @@ def wan_consumer(args: dict, module: nn.Module):
     patch = torch._dynamo.config.patch(recompile_limit=cache_limit,
                                        accumulated_recompile_limit=max(recompile_limit, cache_limit),
                                        force_parameter_static_shapes=static_params)
-    compiled = torch.compile(module, fullgraph=args["fullgraph"], dynamic=args["dynamic"],
-                             backend=args["backend"], mode=args["mode"])
+    with scoped.scoped_state():  # the consumer's compile: torch 2.8/2.9 set TORCHINDUCTOR_CACHE_DIR
+        compiled = torch.compile(module, fullgraph=args["fullgraph"], dynamic=args["dynamic"],
+                                 backend=args["backend"], mode=args["mode"])
     return compiled, patch
 
 
@@ -108,7 +110,7 @@ def test_wan_consumer_compiles_and_runs_a_default_mode_dict():
     lin = nn.Linear(4, 4)
     compiled, patch = wan_consumer(args, lin)
     x = torch.randn(3, 4)
-    with patch, torch.no_grad():
+    with patch, torch.no_grad(), scoped.scoped_state():
         torch.testing.assert_close(compiled(x), lin(x))
 
 
@@ -117,7 +119,7 @@ def test_wan_consumer_accepts_the_speed_dict():
     compiled, patch = wan_consumer(args, nn.Linear(4, 4))  # inductor validates mode here
     assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
     # ...and the untranslated UI mode would not have been accepted:
-    with pytest.raises(RuntimeError, match="speed"):
+    with scoped.scoped_state(), pytest.raises(RuntimeError, match="speed"):
         torch.compile(nn.Linear(4, 4), backend="inductor", mode="speed")
 
 
@@ -274,9 +276,9 @@ def test_compile_kwargs_mode_only_for_inductor(backend, mode, expected_mode):
 def test_compile_kwargs_are_accepted_by_torch_compile():
     s = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="max-autotune"))
     lin = nn.Linear(4, 4)
-    f = torch.compile(lin, **s.compile_kwargs())
     x = torch.randn(2, 4)
-    with torch.no_grad():
+    with torch.no_grad(), scoped.scoped_state():  # torch 2.8/2.9 set TORCHINDUCTOR_CACHE_DIR
+        f = torch.compile(lin, **s.compile_kwargs())
         torch.testing.assert_close(f(x), lin(x))
 
 

@@ -4,6 +4,7 @@ once, lazily, without leaving a trace; and what the pack does when a probe says 
 Tests named ``*_simulated_*`` monkeypatch a probe's answer to stand for an older torch."""
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +78,8 @@ def test_probes_are_cached_per_process():
     assert tc.isolate_recompiles.cache_info().hits == hits + 1
 
 
-@pytest.mark.skipif(tc.version() < (2, 11), reason="torch.compile(isolate_recompiles=) is newer")
+@pytest.mark.skipif("isolate_recompiles" not in inspect.signature(torch.compile).parameters,
+                    reason="torch.compile has no isolate_recompiles parameter on this torch")
 def test_isolate_probe_tells_isolated_from_shared_budgets():
     """The probe's mechanism on this torch: without isolation the second compile of the same
     code is a recompile past a limit of 1 (no graph); with it, both compile."""
@@ -195,7 +197,18 @@ def test_without_isolate_recompiles_simulated_the_log_says_budgets_are_shared(mo
     engine.make_compiled_call(settings())
     assert "isolate_recompiles" not in seen
     assert seen.get("recompile_limit") == (64 if tc.recompile_limit_kwarg() else None)
-    assert any("shares dynamo's cache and one recompile budget" in m for m in pack_log.infos())
+    assert any("shares dynamo's cache and one recompile budget" in m for m in pack_log.all_infos())
+
+
+def test_without_saved_regions_simulated_the_log_says_why_once(monkeypatch, pack_log, wan, tmp_path):
+    from compile_core.persist import PersistentCache
+    monkeypatch.setattr(tc, "load_compiled_function", lambda: False)
+    monkeypatch.setattr("compile_core.log._said", set())
+    model = wan.Model(n_blocks=2).eval()
+    cm = engine.prepare(model, settings(backend="inductor"), persistent=PersistentCache(tmp_path))
+    assert cm._precompiled() is None and cm._precompiled() is None
+    notes = [m for m in pack_log.all_infos() if "cannot save and load a compiled function" in m]
+    assert len(notes) == 1 and "persistent FX-graph cache" in notes[0], pack_log.all_infos()
 
 
 def test_without_recompile_limit_kwarg_simulated_the_config_knob_carries_the_limit(monkeypatch):

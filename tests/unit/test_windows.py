@@ -58,7 +58,7 @@ def _clear_compiler_caches():
     fleet._cpu_identity.cache_clear()
     for name in ("check_compiler_exist_windows", "check_msvc_cl_language_id", "_is_msvc_cl",
                  "cpp_compiler_search"):
-        clear = getattr(getattr(cpp_builder, name), "cache_clear", None)  # a test may fake one
+        clear = getattr(getattr(cpp_builder, name, None), "cache_clear", None)  # faked, or absent (2.8)
         if clear:
             clear()
 
