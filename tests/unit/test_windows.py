@@ -27,7 +27,7 @@ from torch._inductor import cpp_builder
 
 from compile_core import diagnostics, fleet, log, longpaths, persist, preflight as pf, warmup
 from compile_core.persist import PersistentCache
-from compile_core.settings import CompileSettings, build_compile_args
+from test_preflight import settings  # the same inductor settings the preflight tests use
 
 CPU = torch.device("cpu")
 BANNER = "Microsoft (R) C/C++ Optimizing Compiler Version 19.44.35207 for x64"
@@ -45,12 +45,6 @@ done
 echo "                         C/C++ COMPILER OPTIONS"
 exit 0
 """
-
-
-def settings(**kw):
-    kw.setdefault("backend", "inductor")
-    kw.setdefault("mode", "default")
-    return CompileSettings.from_args(build_compile_args(**kw))
 
 
 def _clear_compiler_caches():
