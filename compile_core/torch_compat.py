@@ -284,6 +284,33 @@ def cache_artifacts() -> bool:
     return _probe(run) and hasattr(torch.compiler, "load_cache_artifacts")
 
 
+class _Holder:  # the probe's stand-in for a layer's weight function (a ref in an attribute)
+    def __init__(self, ref):
+        self.ref = ref
+
+
+def _fetch_twice(fetch, holder, x):
+    return fetch(holder.ref, x)[0] * 2
+
+
+@functools.lru_cache(maxsize=None)
+def opaque_weight_fetch() -> bool:
+    """``compile_core.weight_fetch``'s op on an opaque reference object: one graph serves two
+    different objects (their state is not guarded), and each call gets its own object's value."""
+    def run():
+        from . import weight_fetch
+        if not weight_fetch.register():
+            return False
+        c, x = _Counter(), torch.randn(3)
+        compiled = torch.compile(_fresh(_fetch_twice), backend=c, fullgraph=True)
+        for scale in (2.0, -3.0):
+            ref = weight_fetch.WeightRef(lambda t, s=scale: [t * s], lambda t: [torch.empty_like(t)])
+            if not torch.allclose(compiled(weight_fetch.fetch, _Holder(ref), x), x * scale * 2):
+                return False
+        return c.graphs == 1
+    return _probe(run)
+
+
 # ----------------------------------------------------------------- shape policy: fx knobs
 
 def _repeat_e(e, x):  # ComfyUI's WAN ``repeat_e`` (comfy/ldm/wan/model.py)
@@ -356,6 +383,7 @@ FEATURES: dict[str, Callable[[], object]] = {
     "backed_size_oblivious_safe": backed_size_oblivious_safe,
     "nested_compile_region": nested_compile_region,
     "cache_artifacts": cache_artifacts,
+    "opaque_weight_fetch": opaque_weight_fetch,
 }
 
 
@@ -394,3 +422,15 @@ def precompiled_header_dir(path: str | None) -> Iterator[None]:
 def precompiled_header_dir_now() -> str | None:
     """Where inductor builds precompiled headers now (for the leak checks), if it is imported."""
     return getattr(sys.modules.get("torch._inductor.codecache"), "_HEADER_DIR", None)
+
+
+def warm_fx_tracers() -> None:
+    """Run, on the calling thread, the one-time torch.fx symbolic trace inductor does on first
+    use (``loop_body.InterpreterShim._dummy_gm``, cached for the process). A symbolic trace
+    patches ``nn.Module.__call__`` process-wide while it runs; done here, before a background
+    compile starts, it cannot catch an eager step of the main thread (``background``)."""
+    try:
+        from torch._inductor.loop_body import InterpreterShim
+        InterpreterShim._dummy_gm()
+    except Exception:  # noqa: BLE001 - not on this torch: background.eager_beside_worker copes
+        pass

@@ -13,6 +13,7 @@ import folder_paths
 from ..compile_core import log, warmup
 from ..compile_core.regions import family_of
 from ..compile_core.status import status_payload
+from . import weight_routing
 
 WRAPPER_KEY = "torch_compile_speed"
 STATUS_EVENT = "torch_compile_speed.status"  # web/js listens for it (the node badge)
@@ -87,9 +88,10 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
                             "e.g. core's TorchCompileModel applied after Apply Torch Compile: "
                             "compiling twice, the other compile traces this pack's runtime code "
                             "(graph breaks, slower). Use one of the two.", ", ".join(map(str, others)))
-        if not compiled.entry.runs and not compiled.entry.failed:  # the UI shows "compiling..."
+        if not compiled.entry.runs and not compiled.entry.failed \
+                and not compiled.compiling_in_background:  # the UI shows "compiling..."
             send_status({**status_payload(compiled, node_id), "state": "compiling"})
-        out = compiled.run(base_model.diffusion_model, lambda: executor(*args, **kwargs), x.device)
+        out = _run(compiled, base_model.diffusion_model, lambda: executor(*args, **kwargs), x.device)
         if compiled.changed:
             send_status(status_payload(compiled, node_id))
         return out
@@ -109,6 +111,15 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
     clone.remove_wrappers_with_key(outer, WRAPPER_KEY)
     clone.add_wrapper_with_key(outer, WRAPPER_KEY, torch_compile_speed_status)
     return clone
+
+
+def _run(compiled, dm, call, device):
+    """``compiled.run`` with the LoRA-patched weight fetches of its regions behind one custom op
+    (``weight_routing``): a strength change is then data, not a recompile."""
+    if compiled.entry.failed:
+        return compiled.run(dm, call, device)
+    with weight_routing.routed(dm, compiled.plan):
+        return compiled.run(dm, call, device)
 
 
 def compiled_model_of(model_patcher):
@@ -176,7 +187,7 @@ def diagnosis_calls(model_patcher, compiled, latent_samples):
 
     def compiled_call():
         check_interrupt()
-        return compiled.run(dm, eager_step, device)
+        return _run(compiled, dm, eager_step, device)
 
     note = (f"latent {list(shape)} with random values, "
             + (f"{family} inputs" if known else "x and t only (no input recipe for "
@@ -225,7 +236,7 @@ def compile_ahead(model_patcher, compiled) -> None:
             for _ in range(runs):
                 check_interrupt()
                 with torch.no_grad():
-                    compiled.run(base.diffusion_model, lambda: base.apply_model(**inputs), device)
+                    _run(compiled, base.diffusion_model, lambda: base.apply_model(**inputs), device)
                 pbar.update(1)
             log.info("compiled ahead for %dx%dx%d (%d run(s)) in %.1f s", *size, runs,
                      time.perf_counter() - start)
@@ -321,7 +332,8 @@ def with_vae_compile(vae, compiled, which: str, node_id=None):
 def _compiled_vae_call(clone, method, compiled, node_id):
     """``method`` (an unbound ``comfy.sd.VAE`` method) on ``clone``, with the regions compiled."""
     def call(*args, **kwargs):
-        if not compiled.entry.runs and not compiled.entry.failed:  # the UI shows "compiling..."
+        if not compiled.entry.runs and not compiled.entry.failed \
+                and not compiled.compiling_in_background:  # the UI shows "compiling..."
             send_status({**status_payload(compiled, node_id), "state": "compiling"})
         out = compiled.run(clone.first_stage_model, lambda: method(clone, *args, **kwargs),
                            vae_device(clone))

@@ -1,0 +1,194 @@
+"""During a compiled run, ComfyUI's patched weight fetches go through ``compile_core.weight_fetch``.
+
+Two places keep a LoRA where dynamo would trace it and guard on its strength (a float) and
+key (a string), one graph per block and per strength:
+
+- low-VRAM partial loading: a layer's ``weight_function`` / ``bias_function`` lists hold
+  ``comfy.model_patcher.LowVramPatch`` objects, applied by ``comfy.ops.cast_bias_weight``;
+- ComfyUI-GGUF: the quantized weight's ``patches``, applied by the layer's ``cast_bias_weight``.
+
+``routed(model, plan)`` replaces, for the duration of one compiled run, each such LowVramPatch
+in the compiled regions by a ``_PatchCall`` (the patch applied inside the op, on a copy of the
+cast weight) and each patched GGUF layer's ``cast_bias_weight`` by a ``_GGUFCast`` (dequantize
+and patch inside the op), then puts every attribute back. Only instance attributes of the
+layers are swapped, and only while the run lasts; the stand-ins call the live patch objects,
+so a new strength is read at every call and never cached. Layers without a LoRA, and weight
+functions other than LowVramPatch, are left as they are (traced as before). Used by
+``comfy_bridge`` only.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Iterator
+
+import torch
+
+from ..compile_core import log, weight_fetch
+
+_FUNCS = ("weight_function", "bias_function")
+_GGUF_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
+                torch.nn.LayerNorm, torch.nn.GroupNorm)  # call ``self.cast_bias_weight(input)``
+
+
+class _PatchCall:
+    """Stands in for one LowVramPatch: ``weight -> tcs::weight_fetch(ref, weight)``."""
+
+    def __init__(self, ref: weight_fetch.WeightRef):
+        self.ref = ref
+
+    def __call__(self, weight):
+        return weight_fetch.fetch(self.ref, weight)[0]
+
+
+class _GGUFCast:
+    """Stands in for a patched GGUF layer's ``cast_bias_weight`` (called as ``(input)``)."""
+
+    def __init__(self, ref: weight_fetch.WeightRef, has_bias: bool, original):
+        self.ref, self.has_bias, self.original = ref, has_bias, original
+
+    def __call__(self, input=None, dtype=None, device=None, bias_dtype=None):
+        if not isinstance(input, torch.Tensor) or dtype is not None or device is not None \
+                or bias_dtype is not None:
+            return self.original(input, dtype, device, bias_dtype)
+        out = weight_fetch.fetch(self.ref, input)
+        return out[0], (out[1] if self.has_bias else None)
+
+
+# Cached between calls; values never hold their key strongly (a WeakKeyDictionary would keep it)
+_PATCH_CALLS: "weakref.WeakKeyDictionary[object, _PatchCall]" = weakref.WeakKeyDictionary()
+_GGUF_REFS: "weakref.WeakKeyDictionary[torch.nn.Module, weight_fetch.WeightRef]" = weakref.WeakKeyDictionary()
+_LAYERS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()  # per model
+
+
+def _patch_call(patch) -> _PatchCall:
+    """The cached stand-in for ``patch``: it calls the live patch, so a changed strength is used."""
+    call = _PATCH_CALLS.get(patch)
+    if call is None:
+        live = weakref.ref(patch)
+        ref = weight_fetch.WeightRef(lambda w: [live()(w.clone())], lambda w: [torch.empty_like(w)],
+                                     str(getattr(patch, "key", "")))
+        call = _PATCH_CALLS[patch] = _PatchCall(ref)
+    return call
+
+
+def _gguf_ref(layer) -> weight_fetch.WeightRef:
+    ref = _GGUF_REFS.get(layer)
+    if ref is None:
+        live = weakref.ref(layer)
+
+        def fetch(x):
+            m = live()
+            out = [t for t in type(m).cast_bias_weight(m, x) if t is not None]
+            params = [p for p in (m.weight, m.bias) if p is not None]
+            return [t.clone() if any(_same_memory(t, p) for p in params) else t for t in out]
+
+        def fake(x):
+            m = live()
+            return [x.new_empty(tuple(p.shape), dtype=x.dtype) for p in (m.weight, m.bias) if p is not None]
+        ref = _GGUF_REFS[layer] = weight_fetch.WeightRef(fetch, fake, type(layer).__name__)
+    return ref
+
+
+def _same_memory(a, b) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _is_gguf(m) -> bool:
+    return callable(getattr(type(m), "get_weight", None)) and hasattr(m, "is_ggml_quantized")
+
+
+def _layers(model, plan) -> tuple[tuple, tuple]:
+    """(core layers, GGUF layers) in ``plan``'s regions of ``model`` that may carry a patched
+    fetch, as weak references. Cached per model and plan (found again when one is gone): a
+    region module replaced later is not routed, which costs recompiles, never correctness."""
+    got = _LAYERS.get(model)
+    if got is None or got[0] is not plan:
+        core, gguf = [], []
+        for region in plan.modules(model):
+            for m in region.modules():
+                if _is_gguf(m):
+                    if isinstance(m, _GGUF_LAYERS):
+                        gguf.append(weakref.ref(m))
+                elif hasattr(m, "weight_function"):
+                    core.append(weakref.ref(m))
+        got = _LAYERS[model] = (plan, tuple(core), tuple(gguf))
+    return got[1], got[2]
+
+
+def _swaps(model, plan) -> list[tuple[torch.nn.Module, str, object]]:
+    """(layer, instance attribute, replacement) for every patched fetch in ``plan``'s regions.
+    Runs on every model call: the common case (nothing patched) is two dict lookups per layer."""
+    try:
+        return _patched(*_layers(model, plan))
+    except _Gone:  # a layer was dropped since the regions were walked: walk them again
+        _LAYERS.pop(model, None)
+        return _patched(*_layers(model, plan))
+
+
+class _Gone(Exception):
+    pass
+
+
+def _patched(core: tuple, gguf: tuple) -> list[tuple[torch.nn.Module, str, object]]:
+    out = []
+    for ref in core:
+        m = ref()
+        if m is None:
+            raise _Gone
+        d = m.__dict__
+        if d.get("weight_function") or d.get("bias_function"):
+            for name in _FUNCS:
+                funcs = d.get(name)
+                if funcs and all(_routable(f) for f in funcs):
+                    out.append((m, name, [_patch_call(f) for f in funcs]))
+    for ref in gguf:
+        m = ref()
+        if m is None:
+            raise _Gone
+        params = m.__dict__["_parameters"]
+        if any(getattr(params.get(n), "patches", None) for n in ("weight", "bias")):
+            out.append((m, "cast_bias_weight",
+                        _GGUFCast(_gguf_ref(m), m.bias is not None, m.cast_bias_weight)))
+    return out
+
+
+def _routable(f) -> bool:
+    """A LowVramPatch that keeps the weight's dtype (0.3.75's fp8 convert/set functions do not)."""
+    return (getattr(f, "is_lowvram_patch", False) or type(f).__name__ == "LowVramPatch") \
+        and getattr(f, "convert_func", None) is None and getattr(f, "set_func", None) is None
+
+
+@contextlib.contextmanager
+def routed(model, plan) -> Iterator[bool]:
+    """Inside the block, patched weight fetches in the regions of ``model`` that ``plan``
+    (``compile_core.regions.RegionPlan``) compiles go through the op. Yields whether any did.
+    Where this torch cannot (no opaque objects), nothing changes and one line says why a LoRA
+    strength change recompiles here."""
+    weight_fetch.register()  # (once) before a saved region that calls the op is loaded
+    try:
+        swaps = _swaps(model, plan)
+    except Exception as exc:  # noqa: BLE001 - an optimisation: the run goes on as before
+        log.warn_once("weight-routing", "LoRA weights are traced as before (a strength change "
+                      "recompiles): %s: %s", type(exc).__name__, exc)
+        swaps = []
+    if swaps and not weight_fetch.available():
+        log.info_once("lora-recompiles", "torch %s cannot pass an opaque object to a custom op "
+                      "(torch._library.opaque_object), so a LoRA's strength stays a traced constant "
+                      "under partial loading and GGUF: each new strength recompiles (output stays "
+                      "correct)", torch.__version__)
+        swaps = []
+    saved = [(m, name, m.__dict__.get(name, _MISSING)) for m, name, _ in swaps]
+    try:
+        for m, name, new in swaps:
+            m.__dict__[name] = new
+        yield bool(swaps)
+    finally:
+        for m, name, prev in saved:
+            if prev is _MISSING:
+                m.__dict__.pop(name, None)
+            else:
+                m.__dict__[name] = prev
+
+
+_MISSING = object()
