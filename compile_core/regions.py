@@ -23,8 +23,49 @@ BLOCK_ATTRS: dict[str, tuple[str, ...]] = {
     "LTXVModel": ("transformer_blocks",),
     "QwenImageTransformer2DModel": ("transformer_blocks",),
     "UNetModel": ("input_blocks", "middle_block", "output_blocks"),  # SD 1.x / SDXL
+    # Cosmos Predict2's MiniTrainDIT with an LLM adapter, whose blocks (llm_adapter.blocks)
+    # discovery would plan too; ComfyUI runs the adapter in extra_conds, on the text
+    # conditioning, not in the sampling forward
+    "Anima": ("blocks",),
+    # Stable Cascade: one list of blocks (ResBlock / AttnBlock / TimestepBlock) per level
+    "StageC": ("down_blocks", "up_blocks"),
+    "StageB": ("down_blocks", "up_blocks"),
 }
 WHOLE_MODEL = ""  # region path meaning "the diffusion model itself"
+
+# Family (``RegionPlan.family``) -> dynamo config knobs set while its regions run. HiDream's and
+# Hunyuan3D 2.1's mixture-of-experts layers route tokens by boolean indexing (a data-dependent
+# shape): without these, dynamo breaks the graph inside the expert loop and the frames it resumes
+# in get unmarked inputs, so a new latent size compiles new graphs. With them the routing stays
+# in the graph as unbacked sizes. Hunyuan3D 2.1's expert loop still breaks (``if start_idx ==
+# end_idx`` on tensors), so there the resumed frames also start with dynamic sizes.
+MOE_KNOBS = {"capture_dynamic_output_shape_ops": True, "capture_scalar_outputs": True}
+FAMILY_DYNAMO_KNOBS: dict[str, dict[str, object]] = {
+    "HiDreamImageTransformer2DModel": MOE_KNOBS,  # HiDream
+    "HunYuanDiTPlain": {**MOE_KNOBS, "assume_static_by_default": False},  # Hunyuan3D 2.1
+}
+
+# UNet layers (by class name) compiled as their inner blocks, or left eager; see _layer_paths.
+UNET_INNER = {"SpatialTransformer": "transformer_blocks", "SpatialVideoTransformer": "transformer_blocks"}
+UNET_EAGER = ("Upsample",)
+
+# Block class -> its submodules compiled instead of it (the rest of the block runs eagerly):
+# - WanAnimate2Block: WAN Animate 2 runs its blocks through other methods (``block.forward_gen`` /
+#   ``block.forward_pose``), never through ``__call__``, where the compiled callable attaches;
+#   those methods call these through ``__call__`` (the self-attention, run through methods too,
+#   stays eager).
+# - PiTBlock (PixelDiT's pixel blocks): its forward loops over ``range(0, B * L, chunk)`` (MLP
+#   chunks), which pins the token count, so every latent size would compile the block again.
+# - Stable Cascade's AttnBlock: each builds its own LayerNorm2d class (``LayerNorm2d_op(operations)``)
+#   and dynamo guards on the norm's class, so every block would compile its own graph; its
+#   attention has no such norm (one graph per width). Its ResBlocks have the same norm, but their
+#   MLP is an ``nn.Sequential``, which dynamo does not trace as a region of its own (it compiles
+#   each layer as a separate frame), so ResBlocks stay whole: one graph per ResBlock.
+BLOCK_INNER = {
+    "WanAnimate2Block": ("cross_attn", "ffn"),
+    "PiTBlock": ("attn", "mlp"),
+    "comfy.ldm.cascade.common.AttnBlock": ("attention",),  # keyed by module: not other AttnBlocks
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,12 +144,37 @@ def _is_block(container: nn.Module) -> bool:
 
 
 def _block_paths(path: str, block: nn.Module) -> list[str]:
-    """The paths to compile for one block: the block itself, or, for a Sequential block, its layers.
+    """The paths to compile for one block: the block itself, or, for a Sequential block, its layers
+    (for a block in ``BLOCK_INNER``, the submodules listed there; for a plain ModuleList, the
+    paths of each of its blocks).
 
     ComfyUI's UNet runs a TimestepEmbedSequential through ``forward_timestep_embed(block, ...)``,
     which loops over the layers and never calls the block, so the block's ``__call__`` (where the
     compiled callable is attached) would be bypassed and nothing compiled. Its layers are always
     entered through ``__call__``."""
     if _is_block(block):
-        return [f"{path}.{name}" for name, _ in block.named_children()]
+        return [p for name, layer in block.named_children() for p in _layer_paths(f"{path}.{name}", layer)]
+    if type(block) is nn.ModuleList:  # a level of a list of lists (Stable Cascade): its blocks
+        return [p for name, b in block.named_children() for p in _block_paths(f"{path}.{name}", b)]
+    return [f"{path}.{name}" for name in _inner_names(block)] or [path]
+
+
+def _inner_names(block: nn.Module) -> tuple[str, ...]:
+    """``BLOCK_INNER``'s entry for the block's class (by module-qualified name, then by name)."""
+    cls = type(block)
+    return BLOCK_INNER.get(f"{cls.__module__}.{cls.__qualname__}") or BLOCK_INNER.get(cls.__name__, ())
+
+
+def _layer_paths(path: str, layer: nn.Module) -> list[str]:
+    """One UNet layer's paths. A SpatialTransformer writes ``transformer_options['activations_shape']``,
+    and dynamo replays a mutated input dict by rebuilding it whole, guarding every value, among them
+    ``original_shape`` (the latent's size): one graph per latent size. Its transformer blocks only
+    read the dict, so they are compiled instead (the norm/projections around them stay eager). An
+    Upsample takes the skip's size as Python ints (``output_shape``), which pin the size: eager."""
+    name = type(layer).__name__
+    if name in UNET_EAGER:
+        return []
+    inner = getattr(layer, UNET_INNER.get(name, ""), None)
+    if isinstance(inner, nn.ModuleList) and len(inner):
+        return [f"{path}.{UNET_INNER[name]}.{i}" for i in range(len(inner))]
     return [path]

@@ -27,15 +27,19 @@ def _blocks(attr, n):
 
 
 FLUX_LIKE = _blocks("double_blocks", 2) + _blocks("single_blocks", 2)
-UNET_SD15 = ["input_blocks.0.0", "input_blocks.1.0", "input_blocks.1.1", "input_blocks.2.0",
-             "input_blocks.3.0", "input_blocks.3.1", "middle_block.0", "middle_block.1", "middle_block.2",
-             "output_blocks.0.0", "output_blocks.0.1", "output_blocks.1.0", "output_blocks.1.1",
-             "output_blocks.1.2", "output_blocks.2.0", "output_blocks.2.1", "output_blocks.3.0",
-             "output_blocks.3.1"]
+# a SpatialTransformer is planned as its transformer blocks, an Upsample stays eager
+# (see regions._layer_paths)
+_ST = "transformer_blocks"
+UNET_SD15 = ["input_blocks.0.0", "input_blocks.1.0", f"input_blocks.1.1.{_ST}.0", "input_blocks.2.0",
+             "input_blocks.3.0", f"input_blocks.3.1.{_ST}.0", "middle_block.0", f"middle_block.1.{_ST}.0",
+             "middle_block.2", "output_blocks.0.0", f"output_blocks.0.1.{_ST}.0", "output_blocks.1.0",
+             f"output_blocks.1.1.{_ST}.0", "output_blocks.2.0", f"output_blocks.2.1.{_ST}.0",
+             "output_blocks.3.0", f"output_blocks.3.1.{_ST}.0"]
 UNET_SDXL = ["input_blocks.0.0", "input_blocks.1.0", "input_blocks.2.0", "input_blocks.3.0",
-             "input_blocks.3.1", "middle_block.0", "middle_block.1", "middle_block.2",
-             "output_blocks.0.0", "output_blocks.0.1", "output_blocks.1.0", "output_blocks.1.1",
-             "output_blocks.1.2", "output_blocks.2.0", "output_blocks.3.0"]
+             f"input_blocks.3.1.{_ST}.0", f"input_blocks.3.1.{_ST}.1", "middle_block.0",
+             f"middle_block.1.{_ST}.0", f"middle_block.1.{_ST}.1", "middle_block.2", "output_blocks.0.0",
+             f"output_blocks.0.1.{_ST}.0", f"output_blocks.0.1.{_ST}.1", "output_blocks.1.0",
+             f"output_blocks.1.1.{_ST}.0", f"output_blocks.1.1.{_ST}.1", "output_blocks.2.0", "output_blocks.3.0"]
 
 # case -> (real class, family, planned paths, describe())
 PLANS = {
@@ -54,9 +58,9 @@ PLANS = {
     # TimestepEmbedSequential blocks are planned as their layers: ComfyUI's UNet runs them through
     # forward_timestep_embed(), which never calls the block itself (see regions._block_paths).
     "unet_sd15": ("comfy.ldm.modules.diffusionmodules.openaimodel.UNetModel", "UNetModel", UNET_SD15,
-                  "Conv2d x1, ResBlock x8, SpatialTransformer x7, Downsample x1, Upsample x1"),
+                  "Conv2d x1, ResBlock x8, BasicTransformerBlock x7, Downsample x1"),
     "unet_sdxl": ("comfy.ldm.modules.diffusionmodules.openaimodel.UNetModel", "UNetModel", UNET_SDXL,
-                  "Conv2d x1, ResBlock x8, Downsample x1, SpatialTransformer x4, Upsample x1"),
+                  "Conv2d x1, ResBlock x8, Downsample x1, BasicTransformerBlock x8"),
 }
 UNKNOWN = "unknown_aura"
 
@@ -67,11 +71,11 @@ UNKNOWN = "unknown_aura"
 #   flux/chroma/hunyuan_video: DoubleStreamBlock + SingleStreamBlock -> 2; ltxv, qwen_image -> 1;
 #   unknown (whole model) -> 1.
 # The UNet runs with the 'static' policy (see RUN_POLICY in the script), where a layer also gets its
-# own graph per input shape/stride: 10 distinct conv/ResBlock/Down/Upsample layer+input pairs, plus
-# one graph per SpatialTransformer (7), because ComfyUI's UNet passes
-# transformer_options['transformer_index'] and the transformer blocks look patches up by it.
+# own graph per input shape/stride: 9 distinct conv/ResBlock/Downsample layer+input pairs, plus
+# one graph per SpatialTransformer's block (7), because ComfyUI's UNet passes the block's position in
+# transformer_options and the transformer blocks look patches up by it (Upsample stays eager).
 GRAPHS = {"wan": 1, "vace_wan": 2, "flux": 2, "chroma": 2, "hunyuan_video": 2, "ltxv": 1,
-          "qwen_image": 1, "unet_sd15": 17, UNKNOWN: 1}
+          "qwen_image": 1, "unet_sd15": 16, UNKNOWN: 1}
 RUN = tuple(GRAPHS)
 
 

@@ -351,6 +351,40 @@ def test_generic_dims_mark_both_sides_of_a_square_attention_mask():
     assert generic_layout_dims(tensor_slots((x, txt, mask), {}))[2] == (0, 2, 3)
 
 
+def test_generic_dims_mark_the_last_dim_of_a_key_mask():
+    """HunyuanVideo's [B, 1, L] mask over text + image tokens: a static L pinned the block's token
+    count (one new graph per latent size)."""
+    import torch
+    from compile_core.shapes import generic_layout_dims, tensor_slots
+    img, txt, mask = torch.randn(1, 60, 64), torch.randn(1, 8, 64), torch.zeros(1, 1, 68)
+    assert generic_layout_dims(tensor_slots((img, txt), {"attn_mask": mask}))["attn_mask"] == (0, 2)
+
+
+def test_unet_spatial_transformer_is_planned_as_its_blocks_and_upsample_stays_eager():
+    """A SpatialTransformer mutates transformer_options (dynamo then guards the latent's size in it)
+    and an Upsample takes the skip's size as ints: their blocks / nothing are compiled instead."""
+    class TimestepEmbedSequential(nn.Sequential):
+        pass
+
+    class SpatialTransformer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj_in, self.transformer_blocks = _blk(), nn.ModuleList([Block(), Block()])
+
+    class Upsample(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = _blk()
+
+    UNetModel = make_family("UNetModel",
+                            input_blocks=lambda: nn.ModuleList([TimestepEmbedSequential(_blk(), SpatialTransformer())]),
+                            middle_block=lambda: TimestepEmbedSequential(_blk()),
+                            output_blocks=lambda: nn.ModuleList([TimestepEmbedSequential(_blk(), Upsample())]))
+    plan = plan_regions(UNetModel(), True)
+    assert plan.paths == ("input_blocks.0.0", "input_blocks.0.1.transformer_blocks.0",
+                          "input_blocks.0.1.transformer_blocks.1", "middle_block.0", "output_blocks.0.0")
+
+
 class DictBlocks(nn.Module):
     """Cosmos keeps its blocks in an nn.ModuleDict (block0, block1, ...)."""
     def __init__(self):
@@ -365,3 +399,41 @@ class DictBlocks(nn.Module):
 
 def test_a_module_dict_of_blocks_is_found():
     assert plan_regions(DictBlocks(), True).paths == ("blocks.block0", "blocks.block1")
+
+
+# --------------------------------------------------------------------------- overrides (issue #15)
+
+def test_nested_block_lists_are_planned_as_their_blocks():
+    """Stable Cascade: ``down_blocks[i]`` is a ModuleList of one level's blocks."""
+    StageC = make_family("StageC", down_blocks=lambda: nn.ModuleList(
+        [nn.ModuleList([_blk(), _blk()]), nn.ModuleList([_blk()])]))
+    plan = plan_regions(StageC(), True)
+    assert (plan.family, plan.paths) == ("StageC", ("down_blocks.0.0", "down_blocks.0.1", "down_blocks.1.0"))
+
+
+def test_a_block_run_through_other_methods_is_planned_as_its_inner_modules():
+    """WAN Animate 2 calls ``block.forward_gen``: its cross attention and FFN are compiled."""
+    Block = make_family("WanAnimate2Block", self_attn=_blk, cross_attn=_blk, ffn=_blk)
+    WanModel = make_family("WanModel", blocks=lambda: nn.ModuleList(Block() for _ in range(2)))
+    plan = plan_regions(WanModel(), True)
+    assert plan.paths == ("blocks.0.cross_attn", "blocks.0.ffn", "blocks.1.cross_attn", "blocks.1.ffn")
+
+
+def test_anima_plans_its_blocks_not_its_text_adapters():
+    Adapter = make_family("LLMAdapter", blocks=lambda: nn.ModuleList(Block() for _ in range(3)))
+    Anima = make_family("Anima", blocks=lambda: nn.ModuleList(Block() for _ in range(2)), llm_adapter=Adapter)
+    plan = plan_regions(Anima(), True)
+    assert (plan.family, plan.paths) == ("Anima", ("blocks.0", "blocks.1"))
+
+
+def test_family_dynamo_knobs_reach_the_run_scope_of_that_family_only():
+    from tcs_engine_helpers import settings
+
+    from compile_core import engine
+    from compile_core.regions import FAMILY_DYNAMO_KNOBS, RegionPlan
+    model = make_family("M", blocks=lambda: nn.ModuleList(_blk() for _ in range(2)))()
+    for family in ("HiDreamImageTransformer2DModel", "NextDiT"):
+        cm = engine.prepare(model, settings(), plan=RegionPlan(("blocks.0", "blocks.1"), family))
+        dynamo = cm._scope(False)[0]["dynamo"]
+        want = FAMILY_DYNAMO_KNOBS.get(family, {"capture_scalar_outputs": None})
+        assert all(dynamo.get(k) == v for k, v in want.items()), dynamo

@@ -115,6 +115,9 @@ def run_case(name: str, backend: str, mode: str) -> dict:
     finally:
         logger.removeHandler(handler)
     status, reason = _status(plan, compiled.entry.failed, handler.lines)
+    if status == "regional" and not called:
+        status, reason = "not compiled", ("the model never calls its planned blocks (it calls other methods "
+                                          "of them), so no compiled region runs")
     return {**rec, "status": status, "reason": reason, "family": plan.family,
             "blocks": compiled.description, "regions": len(plan.paths) if plan.regional else 0,
             "regions_called": called, "shape_policy": settings.shape_policy,
@@ -142,7 +145,8 @@ def markdown(records: list[dict], meta: dict) -> str:
             f"`{meta['backend']}`{' (not inductor: dynamo decides the graph counts)' if meta['backend'] != 'inductor' else ''}, "
             f"mode `{meta['mode']}`, latent {meta['sizes'][0]} then {meta['sizes'][1]}.\n"
             f"{regional}/{len(records)} compile regionally; {good}/{len(records)} regionally with rel L2 "
-            f"<= 1e-3 and no new graph at the second size.\n\nMade by `{meta['command']}`\n\n")
+            f"<= 1e-3 and no new graph at the second size.\n\nMade by `{meta['command']}` (`--cases a,b` re-runs "
+            f"those rows).\n\n")
     rows = ["| model | covers | status | blocks | graphs | new graphs at 2nd size | rel L2 (1st, 2nd) | note |",
             "|---|---|---|---|---|---|---|---|"]
     for r in records:
@@ -150,7 +154,34 @@ def markdown(records: list[dict], meta: dict) -> str:
         rows.append(f"| {r['case']} | {r.get('covers', '')} | {r.get('status', 'error')} | {r.get('blocks', '-')} | "
                     f"{r.get('graphs_first', '-')} | {r.get('graphs_second_size', '-')} | {l2} | "
                     f"{_md(_note(r))} |")
-    return head + "\n".join(rows) + "\n" + _not_covered()
+    return head + "\n".join(rows) + "\n" + _coverage(records) + _not_covered()
+
+
+def supported_entries() -> list[str]:
+    """The names in the host's ``comfy/supported_models.py`` ``models = [...]`` list."""
+    import re
+    text = (tiny.COMFY_DIR / "comfy" / "supported_models.py").read_text()
+    return re.findall(r"\b(\w+),", text[text.index("\nmodels = ["):].split("]", 1)[0])
+
+
+def _covered_by(entry: str, covers: str) -> bool:
+    import re
+    names = re.findall(r"[\w*]+", covers)
+    return entry in names or any(n.endswith("*") and entry.startswith(n[:-1]) for n in names)
+
+
+def _coverage(records: list[dict]) -> str:
+    """Per ``supported_models`` entry (the diffusion ones: all but ``NOT_DIFFUSION``'s): how many a
+    good row covers."""
+    import zoo_cases
+    out_of_scope = {n.strip() for v in zoo_cases.NOT_DIFFUSION.values() for n in v.split(",")}
+    entries = [e for e in supported_entries() if e not in out_of_scope]
+    good = [e for e in entries if any(_good(r) and _covered_by(e, r.get("covers", "")) for r in records)]
+    bad = [e for e in entries if e not in good]
+    return (f"\nCoverage: {len(good)}/{len(entries)} ({100 * len(good) / len(entries):.0f} %) of the diffusion "
+            f"model entries of `comfy/supported_models.py`'s `models` list ({len(out_of_scope)} non-diffusion "
+            f"entries left out) compile regionally within 1e-3 of eager with no new graph at the second size. "
+            f"Not (yet): {', '.join(bad) or 'none'}.\n")
 
 
 def _not_covered() -> str:
@@ -172,6 +203,7 @@ def _note(r: dict) -> str:
 
 def _good(r: dict) -> bool:
     return (r.get("status") == "regional" and r.get("graphs_second_size") == 0
+            and r.get("regions_called") == r.get("regions")
             and max(r.get("rel_l2", [1.0])) <= 1e-3)
 
 
@@ -187,8 +219,11 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="default")
     ap.add_argument("--json", default="")
     ap.add_argument("--md", default="")
+    ap.add_argument("--merge", action="store_true", help="update these cases' rows of the --json table")
     ap.add_argument("--from-jsonl", default="", help="only write the table from a run's stdout")
     args = ap.parse_args(argv)
+    # setup_host() moves into the ComfyUI folder: resolve the output paths first
+    args.json, args.md = (str(Path(p).resolve()) if p else "" for p in (args.json, args.md))
     if args.from_jsonl:
         records = [json.loads(ln) for ln in Path(args.from_jsonl).read_text().splitlines() if ln.startswith("{")]
         records = list({r["case"]: r for r in records}.values())  # a later line re-runs a case
@@ -216,8 +251,23 @@ def main(argv=None) -> int:
         rec["case_seconds"] = round(time.perf_counter() - t0, 1)
         records.append(rec)
         print(json.dumps(rec), file=stdout, flush=True)
+    if args.merge:
+        records = merged(records, args.json, args.backend, args.mode)
     write_table(records, command, args.backend, args.mode, args.json, args.md)
     return rc
+
+
+def merged(records: list[dict], json_path: str, backend: str, mode: str) -> list[dict]:
+    """This run's records over the table already in ``json_path`` (same backend, mode and host;
+    else only this run's), in ``zoo_cases.CASES`` order: a partial re-run updates its rows."""
+    import torch
+    import zoo_cases
+    old = json.loads(Path(json_path).read_text()) if json_path and Path(json_path).is_file() else {}
+    same = (old.get("backend"), old.get("mode"), old.get("comfyui"), old.get("torch")) == \
+        (backend, mode, tiny.COMFY_DIR.name, torch.__version__)
+    by_case = {r["case"]: r for r in (old.get("models", []) if same else [])}
+    by_case.update((r["case"], r) for r in records)
+    return [by_case[c] for c in zoo_cases.CASES if c in by_case]
 
 
 if __name__ == "__main__":
