@@ -21,11 +21,11 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import fallback, log, precompiled, prewarm, scoped, shapes, torch_compat, warmup
+from . import background, fallback, log, precompiled, prewarm, scoped, shapes, torch_compat, warmup
 from .fingerprint import fingerprint
 from .fleet import Fleet
 from .persist import PersistentCache
-from .regions import RegionPlan, plan_regions
+from .regions import FAMILY_DYNAMO_KNOBS, RegionPlan, plan_regions
 from .registry import REGISTRY, CompiledEntry, ReuseRegistry
 from .settings import CompileSettings
 
@@ -46,7 +46,9 @@ def make_compiled_call(settings: CompileSettings) -> Callable:
             kwargs = _own_backend(kwargs)
     if torch_compat.recompile_limit_kwarg():  # else the scoped config knob sets it (scoped.py)
         kwargs["recompile_limit"] = settings.cache_size_limit
-    with scoped.scoped_state():  # torch 2.9's torch.compile() sets TORCHINDUCTOR_CACHE_DIR
+    # torch 2.9's torch.compile() sets TORCHINDUCTOR_CACHE_DIR (a background compile's scope
+    # sets it too: the lock keeps the two from restoring each other's value)
+    with background.env_lock(), scoped.scoped_state():
         return torch.compile(nn.Module._call_impl, **kwargs)
 
 
@@ -56,7 +58,7 @@ class _OwnBackend:
     2.8-2.10) this is how reuse_if_similar off still compiles afresh (it shares the budget)."""
 
     def __init__(self, backend: str, mode: str | None, dynamic: bool | None):
-        with scoped.scoped_state():  # building inductor's wrapper sets TORCHINDUCTOR_CACHE_DIR (2.8)
+        with background.env_lock(), scoped.scoped_state():  # inductor's wrapper sets TORCHINDUCTOR_CACHE_DIR (2.8)
             if backend == "inductor":
                 self.inner = torch._TorchCompileInductorWrapper(mode, None, dynamic)
             else:
@@ -85,12 +87,13 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
     ``shapers`` (per region class) may be kept by the caller from one call to the next."""
     saved = []
     shapers = {} if shapers is None else shapers
+    memo: dict = {}  # inputs every block receives are prepared once per call (shapes.InputShaper)
     try:
         for m in modules:
             shaper = shapers.get(type(m)) or shapers.setdefault(
                 type(m), shapes.InputShaper(m, family, policy, whole_model))
             saved.append((m, m.__dict__.get("_compiled_call_impl", _MISSING)))
-            m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper, fast)
+            m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper, fast, memo)
         yield
     finally:
         for m, prev in saved:
@@ -136,6 +139,24 @@ def _fx_cache_counts() -> tuple[int, int]:
 
 
 @dataclasses.dataclass
+class _CompilePass:
+    """A call that may compile: what it found before (``CompiledModel._begin_compile``)."""
+    first_compile: bool
+    recorder: object
+    fast: precompiled.Precompiled | None
+    graphs_before: int
+    cache_before: tuple
+    start_us: int
+    start: float
+
+
+def _region_variant(module: nn.Module) -> object:
+    """Regions whose first inputs a background compile needs: one per class and structure
+    (identical blocks share a graph)."""
+    return (type(module), precompiled.region_key(module))
+
+
+@dataclasses.dataclass
 class CompiledModel:
     settings: CompileSettings
     plan: RegionPlan
@@ -151,6 +172,10 @@ class CompiledModel:
     # the same on every call: kept, not rebuilt per model call (see _scope)
     _scopes: dict = dataclasses.field(default_factory=dict)
     _shapers: dict = dataclasses.field(default_factory=dict)
+    _job: background.Job | None = None  # the background compile pending for this model
+    _bg_done: bool = False  # its background compile ran (a model call never starts two)
+    _foreground: int = 0  # inside ``foreground()``: compile on the calling thread
+    swapped_at: int | None = None  # the model call at which the background compile took over
 
     @property
     def fingerprint(self) -> str:
@@ -164,31 +189,32 @@ class CompiledModel:
         """Run ``call`` (one model evaluation) with the regions compiled; eager on failure.
 
         Afterwards ``self.changed`` is True when this call compiled, recompiled or fell back,
-        i.e. when the status shown to the user should be refreshed."""
+        i.e. when the status shown to the user should be refreshed. In background mode a call
+        may run eagerly instead while the worker compiles (``_run_background``)."""
         self.changed = False
         if self.entry.failed:
             return call()
-        on_cuda = device.type == "cuda"
-        scope, ptx = self._scope(on_cuda)
-        recorder, first_compile = None, self.entry.graphs == 0
-        if first_compile:
-            prewarm.wait()  # a background warm-up's imports must not race this compile's
-            if self.persistent:
-                recorder = prewarm.ImportRecorder()
-                self._before_first_compile(device)
-        fast = self._precompiled()
-        graphs_before, start = _graph_count(), time.perf_counter()
-        cache_before, run_start_us = self._cache_counts(), time.time_ns() // 1000
-        failure = ""
+        if self.settings.background_compile and not self._foreground:
+            eager = self._run_background(diffusion_model, call, device)
+            if eager is not None:
+                return eager[0]
+        elif background.busy():  # its compile scope's environment is process-wide: wait
+            log.info_once("wait-background", "waiting for a background compile to finish before "
+                          "running a model compiled in the foreground")
+            background.wait_idle()
+        return self._run_compiled(diffusion_model, call, device)
+
+    def _run_compiled(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device):
+        """The foreground path: compile (first call, recompiles) and run on this thread."""
+        scope, ptx = self._scope(device.type == "cuda")
         modules = self.plan.modules(diffusion_model)
-        if fast is not None:
-            fast.begin_run(modules, device)
+        p = self._begin_compile(modules, device)
+        failure = ""
         try:
             with scoped.scoped_state(**scope), \
                     attached(modules, self.entry.compiled, self.plan.family,
-                             self.settings.shape_policy, not self.plan.regional, fast, self._shapers):
-                if first_compile and device.type == "cpu" and self.settings.backend == "inductor":
-                    prewarm.probe_cpu_isa()  # side by side, not one ISA after another
+                             self.settings.shape_policy, not self.plan.regional, p.fast, self._shapers):
+                self._probe_isa(p, device)
                 if ptx and not self._warmed and self.settings.warmup_runs:
                     secs = warmup.warm(call, self.settings.warmup_runs, device)
                     log.info("warmed Triton kernels %d time(s) on %s in %.1f s",
@@ -211,20 +237,131 @@ class CompiledModel:
             self.changed = True
             return out
         first, self._ran = not self._ran, True
-        # a region loaded by torch's AOT API counts like a graph compiled from the cache
-        loaded = fast.loaded - cache_before[2] if fast else 0
-        new_graphs = _graph_count() - graphs_before + loaded
-        self.changed = self._record(time.perf_counter() - start, new_graphs, loaded) or first
-        if new_graphs:
-            self.entry.frames.extend(_frames_since(run_start_us))
-            self._note_cache(cache_before, device)
-            if recorder is not None:  # what a restarted server can warm before its first compile
-                isa_dir = self.persistent.inductor_dir(self.fingerprint) if device.type == "cpu" else None
-                changed = prewarm.record(self.persistent.root, recorder.new(), prewarm.traced_files(),
-                                         isa_dir and str(isa_dir), self.fingerprint)
-                if changed and self.fleet:
-                    self.fleet.publish_manifest(changed)
+        self.changed = self._finish_compile(p, device) or first or self.changed  # (a swap)
         return out
+
+    def _begin_compile(self, modules: list[nn.Module], device: torch.device) -> "_CompilePass":
+        """What a call that may compile needs first (the first compile: prewarm, the fleet),
+        and the counters its ``_finish_compile`` compares against."""
+        recorder, first_compile = None, self.entry.graphs == 0
+        if first_compile:
+            prewarm.wait()  # a background warm-up's imports must not race this compile's
+            if self.persistent:
+                recorder = prewarm.ImportRecorder()
+                self._before_first_compile(device)
+        fast = self._precompiled()
+        p = _CompilePass(first_compile, recorder, fast, _graph_count(), self._cache_counts(),
+                         time.time_ns() // 1000, time.perf_counter())
+        if fast is not None:
+            fast.begin_run(modules, device)
+        return p
+
+    def _probe_isa(self, p: "_CompilePass", device: torch.device) -> None:
+        if p.first_compile and device.type == "cpu" and self.settings.backend == "inductor":
+            prewarm.probe_cpu_isa()  # side by side, not one ISA after another
+
+    def _finish_compile(self, p: "_CompilePass", device: torch.device, where: str = "") -> bool:
+        """Record the graphs this pass compiled (caches, frames, prewarm manifest); True when
+        it compiled or loaded any."""
+        # a region loaded by torch's AOT API counts like a graph compiled from the cache
+        loaded = p.fast.loaded - p.cache_before[2] if p.fast else 0
+        new_graphs = _graph_count() - p.graphs_before + loaded
+        changed = self._record(time.perf_counter() - p.start, new_graphs, loaded, where)
+        if new_graphs:
+            self.entry.frames.extend(_frames_since(p.start_us))
+            self._note_cache(p.cache_before, device)
+            if p.recorder is not None:  # what a restarted server can warm before its first compile
+                isa_dir = self.persistent.inductor_dir(self.fingerprint) if device.type == "cpu" else None
+                changed_files = prewarm.record(self.persistent.root, p.recorder.new(),
+                                               prewarm.traced_files(), isa_dir and str(isa_dir),
+                                               self.fingerprint)
+                if changed_files and self.fleet:
+                    self.fleet.publish_manifest(changed_files)
+        return changed
+
+    # ----------------------------------------------------------------- background (issue #16)
+
+    @property
+    def compiling_in_background(self) -> bool:
+        return self._job is not None and not self._job.done.is_set()
+
+    @contextlib.contextmanager
+    def foreground(self) -> Iterator[None]:
+        """Compile on the calling thread inside the block (compile-ahead, Diagnostics): a
+        pending background compile is finished (and swapped in) first."""
+        self._foreground += 1
+        try:
+            if background.busy():
+                background.wait_idle()
+            if self._job is not None:
+                self._swap(self._job)
+            yield
+        finally:
+            self._foreground -= 1
+
+    def _run_background(self, diffusion_model, call, device) -> tuple | None:
+        """``(output,)`` of a call that ran eagerly (a compile pending on the worker), or None
+        when the call takes the compiled path (the job is done: swapped in here)."""
+        job = self._job
+        if job is None and self.entry.graphs == 0 and not self._bg_done:
+            out = self._start_background(diffusion_model, call, device)
+            return (out,)
+        # swap only once the worker is idle: another model's compile scope may still hold the
+        # process-wide cache environment
+        if job is not None and job.done.is_set() and not background.busy():
+            self._swap(job)
+            return None if not self.entry.failed else (call(),)
+        if job is not None or background.busy():  # this compile, or another model's, runs
+            if job is not None:
+                job.eager_calls += 1
+            return (background.eager_beside_worker(call),)
+        return None
+
+    def _start_background(self, diffusion_model, call, device):
+        """Run this call eagerly, keeping each region's first inputs, and queue their compile."""
+        modules = self.plan.modules(diffusion_model)
+        out, captured = background.capture_eager(modules, call, _region_variant)
+        if not captured:  # nothing reached the regions: compile in the foreground next call
+            self._bg_done = True
+            return out
+        torch_compat.warm_fx_tracers()
+        self._job = background.submit(
+            functools.partial(self._compile_captured, captured, device), self.description)
+        self._job.eager_calls = 1
+        self.changed = True
+        log.info("compiling %s in the background; the model runs eagerly until it is ready",
+                 self.description)
+        return out
+
+    def _compile_captured(self, captured: list, device: torch.device) -> None:
+        """On the worker: compile each captured region by calling it, compiled, on its inputs
+        (the same scope, shapes, saved regions and caches as a foreground compile)."""
+        scope, _ = self._scope(device.type == "cuda")
+        modules = [c.module for c in captured]
+        p = self._begin_compile(modules, device)
+        with background.locked_scope(scoped.scoped_state(**scope)):
+            self._probe_isa(p, device)
+            for c in captured:
+                shaper = self._shapers.get(type(c.module)) or self._shapers.setdefault(
+                    type(c.module), shapes.InputShaper(c.module, self.plan.family,
+                                                       self.settings.shape_policy, not self.plan.regional))
+                region = shapes.shaped_call(self.entry.compiled, c.module, shaper, p.fast)
+                with c.modes():
+                    region(*c.args, **c.kwargs)
+        self._finish_compile(p, device, where=" in the background")
+
+    def _swap(self, job) -> None:
+        """At a step boundary: the background compile is done; say so, or fall back."""
+        self._job, self._bg_done, self.changed = None, True, True
+        if job.error is not None:
+            self.entry.failed = self.entry.failed or fallback.explain(job.error)
+            log.warning("torch.compile failed in the background, so this model keeps running "
+                        "eagerly (output unchanged). %s", self.entry.failed)
+            return
+        self.swapped_at = job.eager_calls + 1
+        log.info("background compile of %s done in %.1f s; swapped in at model call %d "
+                 "(%d call(s) ran eagerly meanwhile)", self.description, job.seconds,
+                 job.eager_calls + 1, job.eager_calls)
 
     def _scope(self, on_cuda: bool) -> tuple[dict, dict]:
         """(``scoped_state`` arguments, PTX env) of a run on CUDA or not: computed on the first
@@ -235,7 +372,9 @@ class CompiledModel:
             ptx = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
             env = {**(self.persistent.env(self.fingerprint) if self.persistent else {}), **ptx}
             headers = self.persistent.header_dir() if self.persistent and not on_cuda and env else None
-            got = ({**scoped.knobs_for(self.settings, on_cuda), "env": env, "headers": headers}, ptx)
+            knobs = scoped.knobs_for(self.settings, on_cuda)
+            knobs["dynamo"].update(FAMILY_DYNAMO_KNOBS.get(self.plan.family, {}))
+            got = ({**knobs, "env": env, "headers": headers}, ptx)
             if env or not self.persistent:
                 self._scopes[on_cuda] = got
         return got
@@ -286,7 +425,7 @@ class CompiledModel:
         self.persistent.touch(self.fingerprint)
         self.persistent.evict(keep=self.fingerprint)
 
-    def _record(self, seconds: float, new_graphs: int, loaded: int = 0) -> bool:
+    def _record(self, seconds: float, new_graphs: int, loaded: int = 0, where: str = "") -> bool:
         e = self.entry
         e.runs += 1
         if not new_graphs:
@@ -297,9 +436,10 @@ class CompiledModel:
         e.compile_seconds += seconds
         what = "compiled" if e.graphs == new_graphs else "recompiled"
         if loaded == new_graphs:
-            log.info("loaded %s: %d saved region(s), no trace, in %.1f s", self.description, loaded, seconds)
+            log.info("loaded %s%s: %d saved region(s), no trace, in %.1f s", self.description, where,
+                     loaded, seconds)
         else:
-            log.info("%s %s: %d graph(s) in %.1f s", what, self.description, new_graphs, seconds)
+            log.info("%s %s%s: %d graph(s) in %.1f s", what, self.description, where, new_graphs, seconds)
         return True
 
 

@@ -69,10 +69,13 @@ def region_key(module: nn.Module) -> str:
     """The region's class and the classes of all its submodules. Runs for every region module
     before every model call, so the walk is over ``_modules`` and the hash is cached."""
     types_, stack = [], [module]
-    while stack:
-        m = stack.pop()
-        types_.append(type(m))
-        stack.extend(c for c in m._modules.values() if c is not None)
+    pop, push, add = stack.pop, stack.append, types_.append  # (a plain loop: half the time
+    while stack:                                              # of a generator per module)
+        m = pop()
+        add(type(m))
+        for c in m._modules.values():
+            if c is not None:
+                push(c)
     sig = tuple(types_)
     key = _KEYS.get(sig)
     if key is None:

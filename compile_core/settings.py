@@ -31,10 +31,13 @@ LEGACY_EXTRA_KEYS = (
     "ptx_cache_dir", "speed_preset",
 )
 # Keys this pack adds (after all of the above; every consumer ignores unknown keys).
-NEW_EXTRA_KEYS = ("shape_policy", "declared_shapes")
+NEW_EXTRA_KEYS = ("shape_policy", "declared_shapes", "background_compile")
 UI_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead", "speed")
 SPEED_PRESET = {"backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dynamic": True}
 LIMIT_RANGE = (0, 1024)
+# background_compile when a dict (or an old workflow's node) does not say: see
+# benchmarks/results/background_cpu.md for the measurement behind it
+BACKGROUND_DEFAULT = False
 WARMUP_RANGE = (0, 5)
 
 
@@ -83,6 +86,8 @@ class CompileSettings:
     shape_policy: str = "auto"
     # ((min_w, min_h, min_frames), (max_w, max_h, max_frames)) in pixels/frames, or None
     declared_shapes: tuple | None = None
+    # compile in a worker thread while the first run goes on eagerly (compile_core.background)
+    background_compile: bool = False
 
     @classmethod
     def from_args(cls, args: Any) -> "CompileSettings":
@@ -116,6 +121,7 @@ class CompileSettings:
             speed_preset=speed or _bool(a, "speed_preset", default=False),
             shape_policy=_choice(a, "shape_policy", POLICIES, default="auto"),
             declared_shapes=parse_declared_shapes(_str(a, "declared_shapes", default="")),
+            background_compile=_bool(a, "background_compile", default=BACKGROUND_DEFAULT),
         )
 
     def compile_kwargs(self) -> dict[str, Any]:
@@ -137,7 +143,7 @@ def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynami
                        warmup_runs=1, ptx_cache_dir="", dynamo_recompile_limit=128,
                        force_parameter_static_shapes=False,
                        allow_unmerged_lora_compile=False, shape_policy="auto",
-                       declared_shapes="") -> dict[str, Any]:
+                       declared_shapes="", background_compile=None) -> dict[str, Any]:
     """The settings node's output: WanVideoWrapper's 9 keys in its order, then the legacy extras.
 
     ``mode="speed"`` is not a torch mode, so it is translated here, before the dict is built.
@@ -163,6 +169,7 @@ def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynami
         "speed_preset": speed,
         "shape_policy": shape_policy,
         "declared_shapes": declared_shapes or "",
+        "background_compile": BACKGROUND_DEFAULT if background_compile is None else background_compile,
     }
     CompileSettings.from_args(args)  # fail here, with the key named, not later in a sampler
     return args

@@ -35,6 +35,11 @@ FAMILY_DYNAMIC_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
                      "rope_emb_L_1_1_D": (1,), "adaln_lora_B_T_3D": (0, 1),  # rope: [1, L, 1, 1, D]
                      "extra_per_block_pos_emb": (0, 1, 2, 3)},
 }
+FAMILY_DYNAMIC_DIMS["Anima"] = FAMILY_DYNAMIC_DIMS["MiniTrainDIT"]  # a MiniTrainDIT (regions.BLOCK_ATTRS)
+# Stable Cascade: blocks and attention take [B, C, H, W] images (x, a ResBlock's x_skip) and
+# [B, ...] conditioning (kv: CLIP tokens, t: the timestep embedding)
+FAMILY_DYNAMIC_DIMS["StageC"] = FAMILY_DYNAMIC_DIMS["StageB"] = {"x": (0, 2, 3), "x_skip": (0, 2, 3),
+                                                                 "kv": (0,), "t": (0,)}
 
 
 def fx_knobs(policy: str) -> dict[str, object]:
@@ -81,11 +86,13 @@ def _token_counts(tensors: list[torch.Tensor], batch: int) -> set[int]:
 
 def _learned_dims(t: torch.Tensor, batch, tokens: set[int]) -> tuple[int, ...]:
     """A non-first tensor's latent-derived dims: a batch-sized dim 0, and any other dim whose size
-    is one of the call's token counts, except the last (a feature dim; but a [B, S] mask's S and
-    an [.., L, L] mask's last L count)."""
+    is one of the call's token counts, except the last (a feature dim; but the last L of a [B, L] /
+    [B, 1, L] / [B, 1, 1, L] key mask and of an [.., L, L] mask count)."""
     lead = batch is not None and t.shape[0] == batch
     square = t.ndim >= 3 and t.shape[-1] == t.shape[-2]  # an [.., L, L] attention mask
-    last = t.ndim if (t.ndim == 2 and lead) or square else t.ndim - 1
+    # a [B, L] / [B, 1, L] / [B, 1, 1, L] key mask (HunyuanVideo's over text + image tokens)
+    key_mask = lead and all(int(s) == 1 for s in t.shape[1:-1])
+    last = t.ndim if key_mask or square else t.ndim - 1
     return tuple(d for d in range(max(last, 1))
                  if (d == 0 and lead) or (d < last and int(t.shape[d]) in tokens))
 
@@ -132,39 +139,43 @@ class InputShaper:
         # kept, so every later size gets the same marks
         self.layouts: dict[tuple, dict] = {}
 
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:
-        """(args, kwargs, marks): the inputs made contiguous, and the (tensor, dim) pairs to mark
-        dynamic (``mark``) before a call that may trace."""
-        marks: list[tuple[torch.Tensor, int]] = []
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict,
+                 memo: dict | None = None) -> tuple[tuple, dict, list]:
+        """(args, kwargs, marks): the inputs made contiguous, and per tensor the (tensor, dim) pairs
+        to mark dynamic (``mark``) before a call that may trace. ``memo`` (one per model call) keeps the
+        prepared form of tensors every block receives (modulation, rope, text context), so they
+        are prepared once per model call, not once per block."""
+        marks: list[list[tuple[torch.Tensor, int]]] = []
+        memo = {} if memo is None else memo
         if self.dims is not None:
             names = self.positional
-            args = tuple(self._prepare(v, self.dims.get(names[i] if i < len(names) else "", ()), marks)
+            args = tuple(self._prepare(v, self.dims.get(names[i] if i < len(names) else "", ()), marks, memo)
                          if isinstance(v, torch.Tensor) else v for i, v in enumerate(args))
-            kwargs = {k: self._prepare(v, self.dims.get(k, ()), marks) if isinstance(v, torch.Tensor)
+            kwargs = {k: self._prepare(v, self.dims.get(k, ()), marks, memo) if isinstance(v, torch.Tensor)
                       else v for k, v in kwargs.items()}
             return args, kwargs, marks
         if self.whole_model:
-            return self._whole_model(args, kwargs, marks)
+            return self._whole_model(args, kwargs, marks, memo)
         slots = tensor_slots(args, kwargs)
         key = tuple((k, v.ndim) for k, v in slots)
         dims = self.layouts.get(key)
         if dims is None:
             dims = self.layouts[key] = generic_layout_dims(slots)
-        args = tuple(self._prepare_arg(v, i, dims, marks) for i, v in enumerate(args))
-        kwargs = {k: self._prepare_arg(v, k, dims, marks) for k, v in kwargs.items()}
+        args = tuple(self._prepare_arg(v, i, dims, marks, memo) for i, v in enumerate(args))
+        kwargs = {k: self._prepare_arg(v, k, dims, marks, memo) for k, v in kwargs.items()}
         return args, kwargs, marks
 
-    def _prepare_arg(self, v, slot, dims: dict, marks: list):
+    def _prepare_arg(self, v, slot, dims: dict, marks: list, memo: dict):
         if isinstance(v, torch.Tensor):
-            return self._prepare(v, dims.get(slot, ()), marks)
+            return self._prepare(v, dims.get(slot, ()), marks, memo)
         if isinstance(v, (tuple, list)) and any((slot, j) in dims for j in range(len(v))):
-            items = [self._prepare(x, dims.get((slot, j), ()), marks) if isinstance(x, torch.Tensor) else x
+            items = [self._prepare(x, dims.get((slot, j), ()), marks, memo) if isinstance(x, torch.Tensor) else x
                      for j, x in enumerate(v)]
             if any(a is not b for a, b in zip(items, v)):
                 return type(v)(items) if type(v) in (tuple, list) else v
         return v
 
-    def _whole_model(self, args: tuple, kwargs: dict, marks: list) -> tuple[tuple, dict, list]:
+    def _whole_model(self, args: tuple, kwargs: dict, marks: list, memo: dict) -> tuple[tuple, dict, list]:
         """Whole model: the first tensor's batch (``_generic_dims``), and the batch of every other
         tensor that shares it. Nothing else is guessed."""
         args = list(args)
@@ -173,10 +184,10 @@ class InputShaper:
             if isinstance(value, torch.Tensor):
                 if batch is None:
                     batch = value.shape[0] if value.ndim else None
-                    args[i] = self._prepare(value, _generic_dims(value, self.whole_model), marks)
+                    args[i] = self._prepare(value, _generic_dims(value, self.whole_model), marks, memo)
                 else:
-                    args[i] = self._prepare(value, self._batch_dim(value, batch), marks)
-        kwargs = {k: self._prepare(v, self._batch_dim(v, batch), marks) if isinstance(v, torch.Tensor)
+                    args[i] = self._prepare(value, self._batch_dim(value, batch), marks, memo)
+        kwargs = {k: self._prepare(v, self._batch_dim(v, batch), marks, memo) if isinstance(v, torch.Tensor)
                   else v for k, v in kwargs.items()}
         return tuple(args), kwargs, marks
 
@@ -184,27 +195,50 @@ class InputShaper:
     def _batch_dim(t: torch.Tensor, batch) -> tuple[int, ...]:
         return (0,) if t.ndim and batch is not None and t.shape[0] == batch else ()
 
-    def _prepare(self, t: torch.Tensor, dims: tuple[int, ...], marks: list) -> torch.Tensor:
+    def _prepare(self, t: torch.Tensor, dims: tuple[int, ...], marks: list, memo: dict) -> torch.Tensor:
+        key = (id(t), dims)
+        hit = memo.get(key)
+        if hit is not None and hit[0] is t and (hit[3] is None or hit[3] == t._version):
+            marks.append(hit[2])
+            return hit[1]
+        prepared, own = self._prepare_new(t, dims)
+        marks.append(own)
+        if prepared.data_ptr() == t.data_ptr():  # t itself, or a view of the same memory
+            memo[key] = (t, prepared, own, None)  # (t kept alive: its id is not reused this call)
+        elif not t.is_inference():  # a copy: stale once t changes in place (inference tensors
+            memo[key] = (t, prepared, own, t._version)  # have no version counter: no memo)
+        return prepared
+
+    def _prepare_new(self, t: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, list]:
         if not t.is_contiguous():
             t = t.contiguous()
         elif t._base is not None and not torch.is_grad_enabled():
             t = t.detach()  # a view brings guards on its base's (old) sizes; detach drops it, no copy
-        if self.policy == "auto":
-            marks.extend((t, d) for d in dims if d < t.ndim)
-        return t
+        if self.policy != "auto":
+            return t, []
+        # a size-1 dim other than the batch is a broadcast dim (WAN 2.1's modulation ``e`` is
+        # [B, 1, 6, C]): marked dynamic under backed_size_oblivious it stops broadcasting, and a
+        # block split by a graph break (ComfyUI's sub-quadratic attention) then gave NaN output
+        return t, [(t, d) for d in dims if d < t.ndim and (d == 0 or t.shape[d] != 1)]
 
 
-def mark(marks: list[tuple[torch.Tensor, int]]) -> None:
-    for t, d in marks:
-        torch._dynamo.maybe_mark_dynamic(t, d)
+def mark(marks: list[list[tuple[torch.Tensor, int]]]) -> None:
+    """Mark each tensor's (tensor, dim) pairs; a list once applied is emptied, so a tensor that
+    every block receives is marked once per model call (the mark stays on the tensor)."""
+    for own in marks:
+        for t, d in own:
+            torch._dynamo.maybe_mark_dynamic(t, d)
+        own.clear()
 
 
-def shaped_call(compiled: Callable, module: nn.Module, shaper: InputShaper, fast=None) -> Callable:
+def shaped_call(compiled: Callable, module: nn.Module, shaper: InputShaper, fast=None,
+                memo: dict | None = None) -> Callable:
     """The ``_compiled_call_impl`` for one module: shape its inputs, then call ``compiled``, or
     ``fast`` (a ``precompiled.Precompiled``) when it has the region. Marks are applied only
-    before a call that may trace: a function loaded by torch's AOT API rejects marked inputs."""
+    before a call that may trace: a function loaded by torch's AOT API rejects marked inputs.
+    ``memo``: shared by the modules of one model call (``InputShaper.__call__``)."""
     def call(*args, **kwargs):
-        args, kwargs, marks = shaper(module, args, kwargs)
+        args, kwargs, marks = shaper(module, args, kwargs, memo)
         if fast is None:
             mark(marks)
             return compiled(module, *args, **kwargs)

@@ -11,12 +11,15 @@ def remember_measurement(entry, fields: dict) -> None:
 
 
 def status_payload(compiled, node_id: str | None = None) -> dict:
-    """``state`` is one of: ``eager-fallback`` (compile failed), ``reused`` (compiled work found
+    """``state`` is one of: ``eager-fallback`` (compile failed), ``compiling-background`` (the
+    model runs eagerly while a worker thread compiles it), ``reused`` (compiled work found
     in this server), ``warm`` (compiled here from the persistent cache), ``cold`` (compiled from
     scratch), ``pending`` (not run yet)."""
     e = compiled.entry
     if e.failed:
         state = "eager-fallback"
+    elif getattr(compiled, "compiling_in_background", False):
+        state = "compiling-background"
     elif compiled.reused:
         state = "reused"
     elif e.runs and e.cache_hits and not e.cache_misses:
@@ -42,5 +45,7 @@ def status_payload(compiled, node_id: str | None = None) -> dict:
         "cache": ("hit" if e.cache_hits and not e.cache_misses else
                   "miss" if e.cache_misses else "none"),
         "shared_cache": "hit" if e.fleet_hit else ("miss" if e.fleet_checked else "off"),
+        "background": getattr(compiled.settings, "background_compile", False),
+        "swapped_at": getattr(compiled, "swapped_at", None),  # model call a background compile began
         **e.measurement,
     }

@@ -1,7 +1,7 @@
 """Apply Torch Compile: MODEL + WANCOMPILEARGS -> a compiled clone of MODEL."""
 from __future__ import annotations
 
-from ..compile_core import engine, fallback, log
+from ..compile_core import background, engine, fallback, log
 from ..compile_core.paths import resolve_workflow_cache_dir
 from ..compile_core.fleet import Fleet
 from ..compile_core.persist import PersistentCache
@@ -43,7 +43,7 @@ class ApplyTorchCompile:
             log.warn_once(f"preflight:{f.check}:{f.message}", "preflight: %s", f.message)
         if checked is None:
             return (model,)
-        settings = checked
+        settings = background.settings_for(checked, comfy_bridge.load_device(model))
         persistent, fleet = PersistentCache.default(user), Fleet.from_env()
         try:
             compiled = engine.prepare(dm, settings, ptx_cache_dir=ptx_dir,
@@ -55,7 +55,9 @@ class ApplyTorchCompile:
                         "eager. %s", settings.backend, fallback.explain(exc))
             return (model,)
         patched = comfy_bridge.with_compile_wrapper(model, compiled, unique_id)
-        # logs and skips its own failures; a cancel (ComfyUI's interrupt) propagates
-        comfy_bridge.compile_ahead(patched, compiled)
+        # logs and skips its own failures; a cancel (ComfyUI's interrupt) propagates. Declared
+        # shapes are compiled here, on this thread, even in background mode
+        with compiled.foreground():
+            comfy_bridge.compile_ahead(patched, compiled)
         comfy_bridge.send_status(status_payload(compiled, unique_id))
         return (patched,)

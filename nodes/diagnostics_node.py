@@ -48,10 +48,12 @@ class TorchCompileDiagnostics:
                     "(connect the Apply node's output here); nothing to diagnose.")
             return {"ui": {"text": [text]}, "result": (model, text)}
         calls = comfy_bridge.diagnosis_calls(model, compiled, samples["samples"])
-        report = diagnostics.diagnose(
-            compiled, calls.diffusion_model, calls.eager, calls.compiled, measure_runs,
-            device=calls.device, inputs_note=calls.note, auto_disable=auto_disable_if_slower,
-            path_roots=calls.path_roots, reraise=calls.reraise, check_interrupt=calls.check_interrupt)
+        with compiled.foreground():  # measure compiled steps, not eager ones beside a worker
+            report = diagnostics.diagnose(
+                compiled, calls.diffusion_model, calls.eager, calls.compiled, measure_runs,
+                device=calls.device, inputs_note=calls.note, auto_disable=auto_disable_if_slower,
+                path_roots=calls.path_roots, reraise=calls.reraise,
+                check_interrupt=calls.check_interrupt)
         out = model
         if report.auto_disabled:
             out = comfy_bridge.without_compile_wrapper(model)

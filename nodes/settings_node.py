@@ -1,7 +1,7 @@
 """Torch Compile Speed Settings: widgets in, a WANCOMPILEARGS dict out (no ComfyUI imports)."""
 from __future__ import annotations
 
-from ..compile_core.settings import UI_MODES, backend_choices, build_compile_args
+from ..compile_core.settings import BACKGROUND_DEFAULT, UI_MODES, backend_choices, build_compile_args
 from ..compile_core.shapes import POLICIES
 
 # Order matters: UI-format workflows store widget values by position. The first twelve
@@ -42,6 +42,11 @@ _TIPS = {
     "declared_shapes": "Optional sizes you will render, WIDTHxHEIGHTxFRAMES or a MIN-MAX range "
                        "(e.g. 480x480x33-1280x720x81). With warmup_runs > 0 the model is compiled "
                        "ahead at the largest size, before the first sampling step.",
+    "background_compile": "Experimental, off by default. Compile in a worker thread while the first "
+                          "run goes on eagerly; the "
+                          "compiled blocks are swapped in at the next step once ready (the badge "
+                          "says 'compiling in the background'). On CUDA the background compile "
+                          "uses mode 'default' (no autotuning next to the running model).",
 }
 
 
@@ -80,6 +85,7 @@ class TorchCompileSpeedSettings:
             "allow_unmerged_lora_compile": ("BOOLEAN", {"default": False}),
             "shape_policy": (list(POLICIES), {"default": "auto"}),
             "declared_shapes": ("STRING", {"default": ""}),
+            "background_compile": ("BOOLEAN", {"default": BACKGROUND_DEFAULT}),
         }
         return {"required": {k: _tip(k, v) for k, v in required.items()},
                 "optional": {k: _tip(k, v) for k, v in optional.items()}}

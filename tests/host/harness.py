@@ -461,6 +461,7 @@ SETTINGS_DEFAULTS = {
     "allow_unmerged_lora_compile": False,
     "shape_policy": "auto",
     "declared_shapes": "",
+    "background_compile": False,
 }
 
 # What a user gets: the settings node left at its defaults (``speed``: inductor,

@@ -25,6 +25,7 @@ const SPEED_OVERRIDES = ["backend", "dynamic"];
 const STATES = {
   pending: { label: "pending (not run yet)", color: "#9aa0a6" },
   compiling: { label: "compiling… (first step)", color: "#d29922" },
+  "compiling-background": { label: "compiling in the background (running eagerly)", color: "#d29922" },
   cold: { label: "compiled (cold)", color: "#f0b232" },
   warm: { label: "warm (compile cache)", color: "#58a6ff" },
   reused: { label: "reused (in memory)", color: "#3fb950" },
@@ -124,6 +125,9 @@ function badgeFor(status) {
   if (status.state === "eager-fallback" && status.fallback_reason) {
     reason = String(status.fallback_reason);
     lines.push(reason);
+  }
+  if (typeof status.swapped_at === "number") {
+    lines.push(`compiled in the background, swapped in at step ${status.swapped_at}`);
   }
   const detail = [status.backend, status.mode].filter(Boolean).join(" / ");
   if (detail) lines.push(detail);

@@ -672,3 +672,68 @@ class TCSTestVAEProbe:
 for _cls in (TCSTestRandomLatent, TCSTestVAEProbe):
     NODE_CLASS_MAPPINGS[_cls.__name__] = _cls
     NODE_DISPLAY_NAME_MAPPINGS[_cls.__name__] = f"[test] {_cls.__name__}"
+
+
+# --- background compile (issue #16): a model call that waits for the worker, a slow backend
+
+SLOW_BACKEND = "tcs_test_slow_backend"
+
+
+def _tcs_test_slow_backend(gm, example_inputs):
+    """TEST-ONLY backend: sleeps 4 s, then compiles like ``aot_eager`` (a compile that is
+    surely still running when a test acts during it)."""
+    import time
+    from torch._dynamo.backends.registry import lookup_backend
+    time.sleep(4.0)
+    return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+if SLOW_BACKEND not in __import__("torch._dynamo.backends.registry", fromlist=["x"])._COMPILER_FNS:
+    torch._dynamo.register_backend(name=SLOW_BACKEND)(_tcs_test_slow_backend)
+
+
+def _pack_background():
+    """The pack's ``compile_core.background`` module, as ComfyUI loaded it."""
+    import sys
+    return next(m for n, m in sys.modules.items() if n.endswith("compile_core.background"))
+
+
+class TCSTestWaitForBackground:
+    """TEST-ONLY: MODEL passed through, with a forward pre-hook on its diffusion model that, at
+    its ``call``-th forward, waits until the pack's background compile worker is idle, and at
+    every forward logs ``TCSTest: call N regions compiled K at T``: K = region modules whose
+    ``_compiled_call_impl`` is the compiled path (``shapes.shaped_call``) right now, T the
+    server's ``perf_counter`` (the benchmark's step times)."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "arm"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "call": ("INT", {"default": 2, "min": 1, "max": 1000})}}
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")
+
+    def arm(self, model, call):
+        import time
+        dm = model.get_model_object("diffusion_model")
+        state = {"calls": 0}
+        for h in list(getattr(dm, "_tcs_bg_hooks", [])):
+            h.remove()
+
+        def pre_hook(module, args):
+            state["calls"] += 1
+            if state["calls"] == call:
+                _pack_background().wait_idle(300)
+            compiled = sum(1 for m in module.modules() if "shaped_call" in getattr(
+                m.__dict__.get("_compiled_call_impl"), "__qualname__", ""))
+            log.warning("TCSTest: call %d regions compiled %d at %.4f", state["calls"], compiled,
+                        time.perf_counter())
+
+        dm._tcs_bg_hooks = [dm.register_forward_pre_hook(pre_hook)]
+        return (model,)
+
+
+NODE_CLASS_MAPPINGS[TCSTestWaitForBackground.__name__] = TCSTestWaitForBackground

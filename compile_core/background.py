@@ -1,0 +1,239 @@
+"""Compile in a worker thread while the model runs eagerly (issue #16).
+
+The first model call of a model in background mode runs eagerly and keeps each region's
+first inputs (``capture_eager``). One worker thread then compiles the regions on those
+inputs (``submit``), and the engine swaps the compiled regions in at the next model call
+(a step boundary) after the job is done. Jobs of several models queue on the one worker.
+
+Why one worker, and why nobody else compiles meanwhile: dynamo serialises tracing with a
+global lock anyway, and the cache-dir environment variables that a compile's scope sets
+are process-wide. So while the worker is busy, models in background mode run eagerly and
+others wait for it (``wait_idle``). Each job runs in a copy of the submitting thread's
+``contextvars`` context: torch 2.13 keeps config overrides in context variables, so a plain
+thread would not see the caller's settings. The job applies the caller's grad and inference
+modes (thread-local) too, so its graphs' guards hold on the main thread.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import queue
+import threading
+import time
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from . import log
+
+MAX_CAPTURED = 16  # region variants whose inputs one capture keeps (identical blocks share one)
+# Serialises the moments the worker's compile scope sets or restores the process-wide
+# environment with the foreground's own short scopes (``env_lock``).
+_ENV_LOCK = threading.RLock()
+
+
+class Job:
+    """One queued compile: ``fn`` runs on the worker; ``done`` is set after, also on error."""
+
+    def __init__(self, fn: Callable[[], None], label: str):
+        self.fn, self.label = fn, label
+        self.context = contextvars.copy_context()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.queued = time.perf_counter()
+        self.seconds = 0.0  # how long the worker ran it
+        self.eager_calls = 0  # model calls that ran eagerly while it was pending
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            self.context.run(self.fn)
+        except BaseException as exc:  # noqa: BLE001 - the engine reports it (one warning)
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - start
+            self.done.set()
+
+
+class _Worker:
+    """A single daemon thread draining a queue of ``Job``s; started on first use."""
+
+    def __init__(self):
+        self._queue: "queue.Queue[Job]" = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Job) -> Job:
+        with self._lock:
+            self._pending += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="tcs-background-compile",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put(job)
+        return job
+
+    def busy(self) -> bool:
+        return self._pending > 0
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def _loop(self) -> None:
+        # (not niced: tracing is Python under the GIL, and a niced thread rarely wins the GIL
+        # from a busy main thread; measured: a 25 s compile did not finish in 80 s)
+        while True:
+            job = self._queue.get()
+            job._run()
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+
+
+WORKER = _Worker()
+
+
+def submit(fn: Callable[[], None], label: str) -> Job:
+    """Queue ``fn`` on the worker, in a copy of the caller's context."""
+    return WORKER.submit(Job(fn, label))
+
+
+def busy() -> bool:
+    """A job is queued or running."""
+    return WORKER.busy()
+
+
+def wait_idle(timeout: float | None = None) -> bool:
+    """Block until every queued job is done (False on timeout)."""
+    return WORKER.wait_idle(timeout)
+
+
+@contextlib.contextmanager
+def env_lock() -> Iterator[None]:
+    """Hold while a scope sets or restores the pack's process-wide environment variables."""
+    with _ENV_LOCK:
+        yield
+
+
+@contextlib.contextmanager
+def locked_scope(scope: contextlib.AbstractContextManager) -> Iterator[None]:
+    """Enter and exit ``scope`` under ``env_lock`` (the body runs without the lock)."""
+    with _ENV_LOCK:
+        scope.__enter__()
+    try:
+        yield
+    except BaseException as exc:
+        with _ENV_LOCK:
+            if not scope.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+    else:
+        with _ENV_LOCK:
+            scope.__exit__(None, None, None)
+
+
+def eager_beside_worker(call: Callable[[], object]):
+    """Run an eager model call while the worker may be compiling. torch.fx's tracers patch
+    ``nn.Module.__call__`` for the whole process while they trace (inductor traces small
+    helpers with them), so a module call on this thread can land in the worker's tracer and
+    fail (``NameError: module is not installed as a submodule``). Such a call is run again
+    once the worker is idle (the model's own errors are raised as they are)."""
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it came from a tracer's patch
+        if not _through_fx_tracer(exc):
+            raise
+        log.warn_once("bg-fx-race", "an eager step ran into the background compile's torch.fx "
+                         "tracer (%s); it runs again once the compile is done", exc)
+    wait_idle()
+    return call()
+
+
+def _through_fx_tracer(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/fx/" in name:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+# --------------------------------------------------------------------------- capture
+
+
+class Captured:
+    """A region module, its first call's inputs (tensors copied), and the caller's modes."""
+
+    def __init__(self, module: nn.Module, args: tuple, kwargs: dict):
+        self.module = module
+        self.args = tuple(_snapshot(a) for a in args)
+        self.kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
+        self.grad = torch.is_grad_enabled()
+        self.inference = torch.is_inference_mode_enabled()
+
+    @contextlib.contextmanager
+    def modes(self) -> Iterator[None]:
+        """The grad and inference modes of the captured call (both are thread-local)."""
+        with torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
+            yield
+
+
+def _snapshot(value):
+    """A copy of a tensor that a later in-place op cannot change, with the same dispatch keys
+    (an inference tensor stays one, a normal tensor stays normal), dtype, device and strides;
+    other values are kept by reference (a dict is copied one level)."""
+    if isinstance(value, torch.Tensor):
+        with torch.inference_mode(value.is_inference()):
+            return value.detach().clone()
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
+def capture_eager(modules: list[nn.Module], call: Callable[[], object],
+                  key: Callable[[nn.Module], object]) -> tuple[object, list[Captured]]:
+    """Run ``call`` eagerly and return (its output, the first inputs of each region ``key``)."""
+    seen: dict[object, Captured] = {}
+    saved = []
+
+    def recorder(m):
+        def record(*args, **kwargs):
+            k = key(m)
+            if k not in seen and len(seen) < MAX_CAPTURED:
+                seen[k] = Captured(m, args, kwargs)
+            return nn.Module._call_impl(m, *args, **kwargs)
+        return record
+
+    try:
+        for m in modules:
+            if "_compiled_call_impl" in m.__dict__:
+                continue  # someone else's hook: leave it
+            saved.append(m)
+            m.__dict__["_compiled_call_impl"] = recorder(m)
+        out = call()
+    finally:
+        for m in saved:
+            m.__dict__.pop("_compiled_call_impl", None)
+    return out, list(seen.values())
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def settings_for(settings, device: torch.device):
+    """On CUDA a background compile must not autotune next to the running model (autotuning
+    allocates benchmark buffers in VRAM and times kernels on a GPU the model keeps busy):
+    ``mode`` becomes ``default`` and the speed preset's coordinate-descent tuning is off."""
+    import dataclasses
+    if not settings.background_compile or device.type != "cuda":
+        return settings
+    if settings.mode == "default" and not settings.speed_preset:
+        return settings
+    log.info_once("background-mode-default", "compiling in the background on %s: mode %s becomes "
+                  "'default' (no autotuning next to the running model, no extra VRAM)",
+                  device, settings.mode)
+    return dataclasses.replace(settings, mode="default", speed_preset=False)

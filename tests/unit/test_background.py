@@ -1,0 +1,174 @@
+"""Issue #16: compile in a worker thread while the model runs eagerly, then swap at a call."""
+import threading
+
+import pytest
+import torch
+
+from compile_core import background, engine
+from tcs_engine_helpers import CPU, eager, run, settings
+
+
+def _bg(**kw):
+    return settings(background_compile=True, **kw)
+
+
+def _wait_done(cm):
+    assert background.wait_idle(timeout=300)
+    assert cm._job is None or cm._job.done.is_set()
+
+
+def test_first_call_runs_eagerly_then_compiled_regions_swap_in(wan, wan_inputs, graph_count, pack_log):
+    model = wan.Model(n_blocks=3).eval()
+    x, t = wan_inputs()
+    ref = eager(model, x, t)
+    cm = engine.prepare(model, _bg())
+    g0 = graph_count()
+    torch.testing.assert_close(run(cm, model, x, t), ref)  # eager, inputs captured
+    assert cm.compiling_in_background or cm._job.done.is_set()
+    _wait_done(cm)
+    assert graph_count() - g0 == 1  # the worker compiled one graph for the 3 blocks
+    g1 = graph_count()
+    torch.testing.assert_close(run(cm, model, x, t), ref)  # swapped in here
+    assert cm.swapped_at == 2 and cm.changed
+    assert graph_count() == g1  # the main thread reused the worker's graph: no recompile
+    assert cm.entry.graphs == 1 and cm.entry.runs == 2
+    infos = "\n".join(pack_log.infos())
+    assert "in the background: 1 graph(s)" in infos
+    assert "swapped in at model call 2 (1 call(s) ran eagerly meanwhile)" in infos
+    assert not pack_log.warnings()
+    torch.testing.assert_close(run(cm, model, *wan_inputs(tokens=10)), eager(model, *wan_inputs(tokens=10)))
+
+
+def test_inference_mode_is_kept_for_the_worker(wan, wan_inputs, graph_count):
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    ref = eager(model, x, t)
+    cm = engine.prepare(model, _bg())
+    with torch.inference_mode():
+        cm.run(model, lambda: model(x, t), CPU)
+        _wait_done(cm)
+        g1 = graph_count()
+        out = cm.run(model, lambda: model(x, t), CPU)
+    torch.testing.assert_close(out, ref)
+    assert graph_count() == g1  # guards on the dispatch keys and grad mode held
+    assert cm.entry.graphs == 1 and cm.swapped_at == 2
+
+
+def test_calls_while_the_worker_compiles_run_eagerly(wan, wan_inputs, monkeypatch):
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    ref = eager(model, x, t)
+    cm = engine.prepare(model, _bg())
+    gate = threading.Event()
+    original = cm._compile_captured
+    monkeypatch.setattr(cm, "_compile_captured", lambda *a: (gate.wait(60), original(*a)))
+    for _ in range(3):
+        torch.testing.assert_close(run(cm, model, x, t), ref)
+    assert cm.compiling_in_background and cm._job.eager_calls == 3
+    gate.set()
+    _wait_done(cm)
+    torch.testing.assert_close(run(cm, model, x, t), ref)
+    assert cm.swapped_at == 4
+
+
+def test_a_failing_background_compile_warns_once_and_eager_goes_on(wan, wan_inputs, raising_backend,
+                                                                   pack_log):
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    ref = eager(model, x, t)
+    cm = engine.prepare(model, _bg(backend=raising_backend.name))
+    torch.testing.assert_close(run(cm, model, x, t), ref)
+    _wait_done(cm)
+    for _ in range(3):
+        torch.testing.assert_close(run(cm, model, x, t), ref)
+    assert cm.entry.failed and "boom" in cm.entry.failed
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and "failed in the background" in warnings[0], warnings
+    assert raising_backend.calls == 1
+
+
+def test_two_models_queue_on_the_one_worker(wan_factory, wan_inputs):
+    a_cls, b_cls = wan_factory("WanA"), wan_factory("WanB")
+    a, b = a_cls.Model(n_blocks=2).eval(), b_cls.Model(n_blocks=2, dim=48).eval()
+    x, t = wan_inputs()
+    xb, tb = wan_inputs()
+    ca, cb = engine.prepare(a, _bg()), engine.prepare(b, _bg())
+    ref_a, ref_b = eager(a, x, t), eager(b, xb, tb)
+    torch.testing.assert_close(run(ca, a, x, t), ref_a)
+    torch.testing.assert_close(run(cb, b, xb, tb), ref_b)
+    _wait_done(ca)
+    _wait_done(cb)
+    torch.testing.assert_close(run(ca, a, x, t), ref_a)
+    torch.testing.assert_close(run(cb, b, xb, tb), ref_b)
+    assert ca.entry.graphs >= 1 and cb.entry.graphs >= 1
+    assert ca.swapped_at == 2 and cb.swapped_at == 2
+
+
+def test_foreground_finishes_a_pending_compile_first(wan, wan_inputs, graph_count):
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, _bg())
+    run(cm, model, x, t)
+    with cm.foreground():
+        assert not background.busy() and cm._job is None
+        g = graph_count()
+        torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+        assert graph_count() == g
+
+
+def test_snapshot_keeps_dispatch_keys():
+    normal = torch.randn(3)
+    with torch.inference_mode():
+        inf = torch.randn(3)
+        assert not background._snapshot(normal).is_inference()
+    assert background._snapshot(inf).is_inference()
+    d = {"a": 1}
+    assert background._snapshot(d) == d and background._snapshot(d) is not d
+
+
+def test_a_job_error_is_kept_and_the_worker_goes_on():
+    job = background.submit(lambda: 1 / 0, "x")
+    assert job.done.wait(30) and isinstance(job.error, ZeroDivisionError)
+    ok = background.submit(lambda: None, "y")
+    assert ok.done.wait(30) and ok.error is None
+    assert background.wait_idle(30) and not background.busy()
+
+
+@pytest.mark.parametrize("mode,preset,kept", [("max-autotune-no-cudagraphs", True, False),
+                                              ("default", False, True)])
+def test_cuda_background_compile_uses_mode_default(mode, preset, kept):
+    s = settings(background_compile=True, backend="inductor", mode=mode)
+    s = type(s)(**{**s.__dict__, "speed_preset": preset})
+    got = background.settings_for(s, torch.device("cuda"))
+    assert (got is s) == kept
+    assert got.mode == "default" and not got.speed_preset
+    assert background.settings_for(s, CPU) is s
+
+
+def test_an_eager_step_that_lands_in_the_workers_fx_tracer_runs_again_after_it():
+    """A real race: a torch.fx symbolic trace on the worker patches nn.Module.__call__ for the
+    whole process, so a module call on this thread fails meanwhile; ``eager_beside_worker``
+    runs it again once the worker is idle, with the eager result."""
+    started, release = threading.Event(), threading.Event()
+
+    def traced(x):
+        started.set()
+        release.wait(10)
+        return x + 1
+
+    background.submit(lambda: torch.fx.symbolic_trace(traced), "fx trace")
+    assert started.wait(10)
+    lin, x = torch.nn.Linear(2, 2), torch.randn(1, 2)
+    with pytest.raises(NameError, match="not installed as a submodule"):
+        lin(x)  # what an eager step beside the worker's trace gets without the retry
+    threading.Timer(0.3, release.set).start()
+    out = background.eager_beside_worker(lambda: lin(x))
+    assert not background.busy()
+    assert torch.equal(out, torch.nn.functional.linear(x, lin.weight, lin.bias))
+
+
+def test_eager_beside_worker_raises_the_models_own_errors():
+    def broken():
+        raise ValueError("shape mismatch")
+    with pytest.raises(ValueError, match="shape mismatch"):
+        background.eager_beside_worker(broken)
