@@ -283,10 +283,10 @@ def eager_only(model_path: Path, work: Path, args) -> dict:
 
 # --------------------------------------------------------------------------- in-process workers
 
-def _comfy_import_setup():
+def _comfy_import_setup(*comfy_args: str):
     sys.path.insert(0, str(COMFY_DIR))
     sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
-    sys.argv = [sys.argv[0], "--cpu"]
+    sys.argv = [sys.argv[0], "--cpu", *comfy_args]
     import comfy.options
     comfy.options.enable_args_parsing()
 
