@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core import torch_compat as tc, weight_fetch as wf
+from compile_core import scoped, torch_compat as tc, weight_fetch as wf
 
 
 @pytest.fixture
@@ -77,7 +77,13 @@ def _run(blocks, x, compiled=None):
 
 
 def _sweep(fresh_code, wrap, backend, strengths=(1.0, 0.5, -0.7)):
-    """(graphs, worst rel L2 against eager) for 2 blocks x ``strengths``."""
+    """(graphs, worst rel L2 against eager) for 2 blocks x ``strengths``; scoped, as the pack's
+    own compiles are (torch 2.8's torch.compile sets TORCHINDUCTOR_CACHE_DIR)."""
+    with scoped.scoped_state():
+        return _sweep_unscoped(fresh_code, wrap, backend, strengths)
+
+
+def _sweep_unscoped(fresh_code, wrap, backend, strengths):
     torch.manual_seed(0)
     _, Block = _model_classes(fresh_code)
     blocks = [Block() for _ in range(2)]
