@@ -90,8 +90,7 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
     memo: dict = {}  # inputs every block receives are prepared once per call (shapes.InputShaper)
     try:
         for m in modules:
-            shaper = shapers.get(type(m)) or shapers.setdefault(
-                type(m), shapes.InputShaper(m, family, policy, whole_model))
+            shaper = _shaper(shapers, m, family, policy, whole_model)
             saved.append((m, m.__dict__.get("_compiled_call_impl", _MISSING)))
             m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper, fast, memo)
         yield
@@ -101,6 +100,14 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
                 m.__dict__.pop("_compiled_call_impl", None)
             else:
                 m.__dict__["_compiled_call_impl"] = prev
+
+
+def _shaper(shapers: dict, module: nn.Module, family: str, policy: str, whole_model: bool):
+    """The kept ``InputShaper`` of the module's class, made on first use."""
+    shaper = shapers.get(type(module))
+    if shaper is None:
+        shaper = shapers[type(module)] = shapes.InputShaper(module, family, policy, whole_model)
+    return shaper
 
 
 _MISSING = object()
@@ -342,9 +349,8 @@ class CompiledModel:
         with background.locked_scope(scoped.scoped_state(**scope)):
             self._probe_isa(p, device)
             for c in captured:
-                shaper = self._shapers.get(type(c.module)) or self._shapers.setdefault(
-                    type(c.module), shapes.InputShaper(c.module, self.plan.family,
-                                                       self.settings.shape_policy, not self.plan.regional))
+                shaper = _shaper(self._shapers, c.module, self.plan.family,
+                                 self.settings.shape_policy, not self.plan.regional)
                 region = shapes.shaped_call(self.entry.compiled, c.module, shaper, p.fast)
                 with c.modes():
                     region(*c.args, **c.kwargs)
