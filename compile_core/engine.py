@@ -21,7 +21,8 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import background, fallback, log, precompiled, prewarm, scoped, shapes, torch_compat, warmup
+from . import (background, fallback, log, new_shapes, precompiled, prewarm, scoped, shapes,
+               torch_compat, warmup)
 from .fingerprint import fingerprint
 from .fleet import Fleet
 from .persist import PersistentCache
@@ -81,10 +82,12 @@ def _own_backend(kwargs: dict) -> dict:
 def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
              policy: str = "auto", whole_model: bool = False,
              fast: precompiled.Precompiled | None = None,
-             shapers: dict[type, shapes.InputShaper] | None = None) -> Iterator[None]:
+             shapers: dict[type, shapes.InputShaper] | None = None,
+             miss=None) -> Iterator[None]:
     """Route each module's ``__call__`` through ``compiled`` (or ``fast`` where it has the
     region) for the duration of the block, with its inputs prepared by the shape policy.
-    ``shapers`` (per region class) may be kept by the caller from one call to the next."""
+    ``shapers`` (per region class) may be kept by the caller from one call to the next;
+    ``miss``: see ``shapes.shaped_call``."""
     saved = []
     shapers = {} if shapers is None else shapers
     memo: dict = {}  # inputs every block receives are prepared once per call (shapes.InputShaper)
@@ -92,7 +95,7 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
         for m in modules:
             shaper = _shaper(shapers, m, family, policy, whole_model)
             saved.append((m, m.__dict__.get("_compiled_call_impl", _MISSING)))
-            m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper, fast, memo)
+            m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper, fast, memo, miss)
         yield
     finally:
         for m, prev in saved:
@@ -155,6 +158,7 @@ class _CompilePass:
     cache_before: tuple
     start_us: int
     start: float
+    new_graphs: int = 0  # set by ``_finish_compile``
 
 
 def _region_variant(module: nn.Module) -> object:
@@ -183,6 +187,8 @@ class CompiledModel:
     _bg_done: bool = False  # its background compile ran (a model call never starts two)
     _foreground: int = 0  # inside ``foreground()``: compile on the calling thread
     swapped_at: int | None = None  # the model call at which the background compile took over
+    _miss_off: bool = False  # new inputs compile in the foreground (see ``_swap``)
+    _worker_context: Callable | None = None  # of the current call (see ``run``)
 
     @property
     def fingerprint(self) -> str:
@@ -192,13 +198,16 @@ class CompiledModel:
         """Kernels are being warmed elsewhere (compile-ahead): skip the first-call PTX warm-up."""
         self._warmed = True
 
-    def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device):
+    def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device,
+            worker_context: Callable[[], contextlib.AbstractContextManager] | None = None):
         """Run ``call`` (one model evaluation) with the regions compiled; eager on failure.
 
         Afterwards ``self.changed`` is True when this call compiled, recompiled or fell back,
         i.e. when the status shown to the user should be refreshed. In background mode a call
-        may run eagerly instead while the worker compiles (``_run_background``)."""
-        self.changed = False
+        may run eagerly instead while the worker compiles (``_run_background``); a compile this
+        call queues runs inside ``worker_context()`` on the worker (what the caller's own
+        context does around this call, e.g. the bridge's LoRA routing)."""
+        self.changed, self._worker_context = False, worker_context
         if self.entry.failed:
             return call()
         if self.settings.background_compile and not self._foreground:
@@ -216,11 +225,12 @@ class CompiledModel:
         scope, ptx = self._scope(device.type == "cuda")
         modules = self.plan.modules(diffusion_model)
         p = self._begin_compile(modules, device)
+        miss = self._miss_probe()
         failure = ""
         try:
             with scoped.scoped_state(**scope), \
-                    attached(modules, self.entry.compiled, self.plan.family,
-                             self.settings.shape_policy, not self.plan.regional, p.fast, self._shapers):
+                    attached(modules, self.entry.compiled, self.plan.family, self.settings.shape_policy,
+                             not self.plan.regional, p.fast, self._shapers, miss):
                 self._probe_isa(p, device)
                 if ptx and not self._warmed and self.settings.warmup_runs:
                     secs = warmup.warm(call, self.settings.warmup_runs, device)
@@ -245,6 +255,10 @@ class CompiledModel:
             return out
         first, self._ran = not self._ran, True
         self.changed = self._finish_compile(p, device) or first or self.changed  # (a swap)
+        if miss is not None and miss.captured:
+            self._queue(list(miss.captured.values()), device, "a new input")
+            log.info("%d region call(s) of %s got an input no compiled graph takes: they ran "
+                     "eagerly, and it compiles in the background", miss.eager_regions, self.description)
         return out
 
     def _begin_compile(self, modules: list[nn.Module], device: torch.device) -> "_CompilePass":
@@ -272,7 +286,7 @@ class CompiledModel:
         it compiled or loaded any."""
         # a region loaded by torch's AOT API counts like a graph compiled from the cache
         loaded = p.fast.loaded - p.cache_before[2] if p.fast else 0
-        new_graphs = _graph_count() - p.graphs_before + loaded
+        new_graphs = p.new_graphs = _graph_count() - p.graphs_before + loaded
         changed = self._record(time.perf_counter() - p.start, new_graphs, loaded, where)
         if new_graphs:
             self.entry.frames.extend(_frames_since(p.start_us))
@@ -321,7 +335,7 @@ class CompiledModel:
         if job is not None or background.busy():  # this compile, or another model's, runs
             if job is not None:
                 job.eager_calls += 1
-            return (background.eager_beside_worker(call),)
+            return (background.eager_beside_worker(call, device),)
         return None
 
     def _start_background(self, diffusion_model, call, device):
@@ -331,22 +345,40 @@ class CompiledModel:
         if not captured:  # nothing reached the regions: compile in the foreground next call
             self._bg_done = True
             return out
-        torch_compat.warm_fx_tracers()
-        self._job = background.submit(
-            functools.partial(self._compile_captured, captured, device), self.description)
-        self._job.eager_calls = 1
-        self.changed = True
+        self._queue(captured, device, "the first input")
         log.info("compiling %s in the background; the model runs eagerly until it is ready",
                  self.description)
         return out
 
-    def _compile_captured(self, captured: list, device: torch.device) -> None:
+    def _queue(self, captured: list, device: torch.device, what: str) -> None:
+        """Queue the compile of ``captured`` on the worker (this call ran them eagerly)."""
+        torch_compat.warm_fx_tracers()
+        self._job = background.submit(
+            functools.partial(self._compile_captured, captured, device, self._worker_context),
+            self.description)
+        self._job.eager_calls, self._job.what, self.changed = 1, what, True
+
+    def _miss_probe(self) -> "new_shapes.EagerOnMiss | None":
+        """In background mode, once compiled: a region call no graph takes runs eagerly and
+        its compile is queued (``new_shapes``), where this torch can tell."""
+        if not self.settings.background_compile or self._foreground or self._miss_off:
+            return None
+        if not new_shapes.EagerOnMiss.available():
+            log.info_once("miss-probe-unavailable", "torch %s: a new input of a model compiled in "
+                          "the background compiles on the sampling thread (its graphs' guards "
+                          "cannot be checked ahead here)", torch.__version__)
+            return None
+        return new_shapes.EagerOnMiss(self.entry.compiled, _region_variant)
+
+    def _compile_captured(self, captured: list, device: torch.device, context=None) -> int:
         """On the worker: compile each captured region by calling it, compiled, on its inputs
-        (the same scope, shapes, saved regions and caches as a foreground compile)."""
+        (the same scope, shapes, saved regions and caches as a foreground compile), inside
+        ``context()``. Returns the number of graphs it compiled, traced or loaded."""
         scope, _ = self._scope(device.type == "cuda")
         modules = [c.module for c in captured]
         p = self._begin_compile(modules, device)
-        with background.locked_scope(scoped.scoped_state(**scope)):
+        with background.locked_scope(scoped.scoped_state(**scope)), \
+                (context() if context is not None else contextlib.nullcontext()):
             self._probe_isa(p, device)
             for c in captured:
                 shaper = _shaper(self._shapers, c.module, self.plan.family,
@@ -355,6 +387,7 @@ class CompiledModel:
                 with c.modes():
                     region(*c.args, **c.kwargs)
         self._finish_compile(p, device, where=" in the background")
+        return p.new_graphs
 
     def _swap(self, job) -> None:
         """At a step boundary: the background compile is done; say so, or fall back."""
@@ -365,6 +398,11 @@ class CompiledModel:
                         "eagerly (output unchanged). %s", self.entry.failed)
             return
         self.swapped_at = job.eager_calls + 1
+        if job.what == "a new input" and not job.result:
+            self._miss_off = True  # told "a compile is needed" where none was: stop asking
+            log.info_once("miss-probe-off", "the background compile of a new input of %s compiled "
+                          "nothing new; its new inputs now compile on the calling thread",
+                          self.description)
         log.info("background compile of %s done in %.1f s; swapped in at model call %d "
                  "(%d call(s) ran eagerly meanwhile)", self.description, job.seconds,
                  job.eager_calls + 1, job.eager_calls)

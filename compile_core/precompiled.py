@@ -233,6 +233,16 @@ class Precompiled:
         mark()
         return regular(module, *args, **kwargs)
 
+    def takes(self, module: nn.Module, args: tuple, kwargs: dict) -> bool | None:
+        """Whether ``call`` runs this region call without a trace: True (a variant accepts
+        it), False (it would trace a new variant), None (the regular path runs it)."""
+        key = self._keys.get(id(module))
+        if not key or key in self.regular:
+            return None
+        if self._find(key, module, args, kwargs) is not None:
+            return True
+        return False if len(self.regions[key]) + len(self._unused.get(key, ())) < self.VARIANTS else None
+
     def _find(self, key, module, args, kwargs) -> _Region | None:
         """The first variant whose guards accept this call (loading the saved ones once)."""
         variants = self.regions.get(key)

@@ -6,6 +6,8 @@ model, the other graph branches and the state_dict keys stay untouched.
 """
 from __future__ import annotations
 
+import functools
+
 import comfy.model_management
 import comfy.patcher_extension as patcher_extension
 import folder_paths
@@ -118,8 +120,8 @@ def _run(compiled, dm, call, device):
     (``weight_routing``): a strength change is then data, not a recompile."""
     if compiled.entry.failed:
         return compiled.run(dm, call, device)
-    with weight_routing.routed(dm, compiled.plan):
-        return compiled.run(dm, call, device)
+    with weight_routing.routed(dm, compiled.plan):  # (a background compile holds it too)
+        return compiled.run(dm, call, device, functools.partial(weight_routing.routed, dm, compiled.plan))
 
 
 def compiled_model_of(model_patcher):

@@ -15,10 +15,16 @@ layers are swapped, and only while the run lasts; the stand-ins call the live pa
 so a new strength is read at every call and never cached. Layers without a LoRA, and weight
 functions other than LowVramPatch, are left as they are (traced as before). Used by
 ``comfy_bridge`` only.
+
+A background compile (``compile_core.background``) holds the routing on its worker thread
+while the sampling thread enters and leaves it at every model call: each swapped attribute is
+counted by holder (``_HELD``) and put back when the last holder leaves, and only if it still
+holds the stand-in (ComfyUI may have set new patches meanwhile).
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from typing import Iterator
 
@@ -140,14 +146,18 @@ def _patched(core: tuple, gguf: tuple) -> list[tuple[torch.nn.Module, str, objec
         if d.get("weight_function") or d.get("bias_function"):
             for name in _FUNCS:
                 funcs = d.get(name)
-                if funcs and all(_routable(f) for f in funcs):
+                if (id(m), name) in _HELD:  # routed by another holder: join it
+                    out.append((m, name, None))
+                elif funcs and all(_routable(f) for f in funcs):
                     out.append((m, name, [_patch_call(f) for f in funcs]))
     for ref in gguf:
         m = ref()
         if m is None:
             raise _Gone
         params = m.__dict__["_parameters"]
-        if any(getattr(params.get(n), "patches", None) for n in ("weight", "bias")):
+        if (id(m), "cast_bias_weight") in _HELD:
+            out.append((m, "cast_bias_weight", None))
+        elif any(getattr(params.get(n), "patches", None) for n in ("weight", "bias")):
             out.append((m, "cast_bias_weight",
                         _GGUFCast(_gguf_ref(m), m.bias is not None, m.cast_bias_weight)))
     return out
@@ -178,17 +188,50 @@ def routed(model, plan) -> Iterator[bool]:
                       "under partial loading and GGUF: each new strength recompiles (output stays "
                       "correct)", torch.__version__)
         swaps = []
-    saved = [(m, name, m.__dict__.get(name, _MISSING)) for m, name, _ in swaps]
+    held = _hold(swaps)
     try:
-        for m, name, new in swaps:
-            m.__dict__[name] = new
         yield bool(swaps)
     finally:
-        for m, name, prev in saved:
+        _release(held)
+
+
+_MISSING = object()
+_LOCK = threading.Lock()
+# (id(layer), attribute) -> [holders, layer, attribute, value before, stand-in]
+_HELD: dict[tuple[int, str], list] = {}
+
+
+def _hold(swaps: list[tuple[torch.nn.Module, str, object]]) -> list[tuple[int, str]]:
+    """Put each stand-in in place, or count one more holder where it already is."""
+    keys = []
+    with _LOCK:
+        for m, name, new in swaps:
+            key = (id(m), name)
+            held = _HELD.get(key)
+            if held is not None:
+                held[0] += 1
+            elif new is not None:  # (None: joined a holder that has left since)
+                _HELD[key] = [1, m, name, m.__dict__.get(name, _MISSING), new]
+                m.__dict__[name] = new
+            else:
+                continue
+            keys.append(key)
+    return keys
+
+
+def _release(keys: list[tuple[int, str]]) -> None:
+    """One holder fewer; the last one puts the value before back, if the stand-in is still there."""
+    with _LOCK:
+        for key in keys:
+            held = _HELD[key]
+            held[0] -= 1
+            if held[0]:
+                continue
+            del _HELD[key]
+            _, m, name, prev, new = held
+            if m.__dict__.get(name) is not new:
+                continue  # replaced since (new patches): theirs stays
             if prev is _MISSING:
                 m.__dict__.pop(name, None)
             else:
                 m.__dict__[name] = prev
-
-
-_MISSING = object()

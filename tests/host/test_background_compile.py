@@ -8,12 +8,13 @@ import pytest
 import requests
 import torch
 
-from harness import (ComfyHost, PromptError, counters_delta, new_graphs, pack_lines, rel_l2,
-                     wan_t2v_prompt)
+from harness import (ComfyHost, PromptError, counters_delta, make_tiny_wan, new_graphs, pack_lines,
+                     rel_l2, wan_t2v_prompt)
 
 BG = {"backend": "aot_eager", "background_compile": True}  # real dynamo tracing, no C++ build
 STEPS = 6
 CALL_LINE = re.compile(r"TCSTest: call (\d+) regions compiled (\d+)")
+CALL_LINE_K = re.compile(r"TCSTest: call \d+ regions compiled (\d+)")
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +108,84 @@ def test_failing_background_compile_keeps_eager_with_one_warning(host, tiny_wan,
     assert all(n == 0 for n in _calls(log).values()), log
     warnings = pack_lines(log, "failed in the background")
     assert len(warnings) == 1 and "boom" in warnings[0], log
+
+
+def test_a_new_input_size_runs_eagerly_while_it_compiles_in_the_background(host, tiny_wan):
+    """Static shapes, so a new latent size needs new graphs: its first model call runs the
+    regions eagerly and queues their compile; the compiled regions swap in a few calls later.
+    Nothing compiles on the sampling thread, and the output matches eager at both sizes."""
+    settings = {**BG, "shape_policy": "static"}
+    size = {"width": 160, "height": 96}
+    eager_new = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS,
+                                                     prefix="eager_new", **size)))
+    host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
+                                         prefix="static_first"), call=2))
+    offset = host.log_offset()
+    hist = host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
+                                                prefix="static_new", **size), call=2))
+    log = host.log_text(since=offset)
+    assert rel_l2(host.latent(hist), eager_new) < 1e-3
+    eager_lines = pack_lines(log, "got an input no compiled graph takes")
+    assert len(eager_lines) == 1 and "2 region call(s)" in eager_lines[0], log
+    assert len(pack_lines(log, "swapped in at model call 3 (2 call(s) ran eagerly")) == 1, log
+    calls = _calls(log)
+    assert all(calls[n] == 2 for n in range(3, STEPS + 1)), log
+    compiles = pack_lines(log, "graph(s) in")
+    assert compiles and all("in the background" in line for line in compiles), log
+
+    # the same size again: compiled from the first call, nothing new, nothing eager
+    offset = host.log_offset()
+    hist2 = host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
+                                                 prefix="static_again", **size), call=1))
+    log2 = host.log_text(since=offset)
+    assert not pack_lines(log2, "eagerly") and not pack_lines(log2, "graph(s) in"), log2
+    assert new_graphs(counters_delta(host.probe(hist)["counters"], host.probe(hist2)["counters"])) == 0
+    assert rel_l2(host.latent(hist2), eager_new) < 1e-3
+
+
+def _tagged(p, tag):
+    """``p`` with every node id (and every link to one) suffixed by ``tag``."""
+    def link(v):
+        return [v[0] + tag, v[1]] if isinstance(v, list) and len(v) == 2 and v[0] in p else v
+    return {k + tag: {**node, "inputs": {n: link(v) for n, v in node["inputs"].items()}}
+            for k, node in p.items()}
+
+
+def test_two_models_in_one_workflow_each_compile_in_the_background(host):
+    """Two different models, each with its own Apply node in background mode, in one prompt:
+    each runs eagerly first, its compile runs on the one worker, and each swaps in at its own
+    model call 3; both outputs match eager, and the next prompt compiles nothing."""
+    # two models no other test here compiled, with blocks of different widths (no shared graph)
+    models = {"A": host.add_model(make_tiny_wan(num_layers=2, dim=384, seed=2)),
+              "B": host.add_model(make_tiny_wan(num_layers=3, dim=512, seed=1))}
+    eager = {t: host.latent(host.run(wan_t2v_prompt(m, apply=False, steps=STEPS, prefix=f"two_eager{t}")))
+             for t, m in models.items()}
+
+    def prompt(prefix):
+        p = {}
+        for t, m in models.items():
+            p.update(_tagged(_with_waiter(wan_t2v_prompt(m, compile_settings=BG, steps=STEPS,
+                                                         prefix=f"{prefix}{t}"), call=2), t))
+        return p
+    offset = host.log_offset()
+    hist = host.run(prompt("two"))
+    log = host.log_text(since=offset)
+    for t in models:
+        assert rel_l2(host.latent(hist, node_id=f"save{t}"), eager[t]) < 1e-3
+    swaps = pack_lines(log, "swapped in at model call 3 (2 call(s) ran eagerly")
+    assert len(swaps) == 2 and {"x2" in swaps[0] or "x2" in swaps[1], "x3" in swaps[0] or "x3" in swaps[1]} == {True}, log
+    regions = [int(k) for k in CALL_LINE_K.findall(log)]
+    assert regions.count(2) == STEPS - 2 and regions.count(3) == STEPS - 2, log  # compiled after each swap
+    compiles = pack_lines(log, "graph(s) in")
+    assert len(compiles) == 2 and all("in the background" in line for line in compiles), log
+
+    offset = host.log_offset()
+    hist2 = host.run(prompt("two_again"))
+    log2 = host.log_text(since=offset)
+    assert not pack_lines(log2, "graph(s) in") and not pack_lines(log2, "eagerly"), log2
+    # the process-wide counters at the end of each prompt: its later probe's
+    last = [max((host.probe(h, f"probe{t}")["counters"] for t in models),
+                key=lambda c: c["stats"]["unique_graphs"]) for h in (hist, hist2)]
+    assert new_graphs(counters_delta(*last)) == 0
+    for t in models:
+        assert rel_l2(host.latent(hist2, node_id=f"save{t}"), eager[t]) < 1e-3

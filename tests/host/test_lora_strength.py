@@ -10,6 +10,8 @@ Both go through the pack's ``tcs::weight_fetch`` op (``compile_core/weight_fetch
 the compiled run. Each strength's output equals eager's at that strength (rel L2 < 1e-3), and
 the regions really compile with inductor (the pack's log says so; no eager fallback).
 """
+import re
+
 import pytest
 
 from harness import (ComfyHost, counters_delta, make_tiny_wan_lora, new_graphs, pack_lines, rel_l2)
@@ -88,3 +90,31 @@ def test_lora_strength_on_a_gguf_model_compiles_once(host):
         h, lambda s: with_lora(gguf_prompt(name, apply=False, prefix=f"ge{s}"), h.lora, s),
         lambda s: with_lora(gguf_prompt(name, compile_settings=SETTINGS, prefix=f"gc{s}"), h.lora, s))
     _check(rows, logs)
+
+
+def test_lora_strength_with_a_background_compile_under_forced_partial_loading(host):
+    """Background compile + LoRA under partial loading, end to end: the worker's graphs take
+    the routed weight fetches, so after the swap the sampling thread compiles nothing, and
+    later strengths compile nothing either. (Here the waiter holds the sampling thread inside
+    a routed call while the worker traces; that the worker holds the routing by itself, between
+    the sampling thread's calls, is checked in tests/unit/test_background.py and
+    test_weight_fetch.py.)"""
+    h = host
+    bg = {"backend": "aot_eager", "background_compile": True}
+
+    def compiled(s):
+        p = model_prompt(h, compile_settings=bg, lora=s, where="after", lowvram_mb=3.0, prefix=f"pb{s}")
+        p["waiter"] = {"class_type": "TCSTestWaitForBackground", "inputs": {"model": ["lora", 0], "call": 2}}
+        p["sampler"]["inputs"]["model"] = p["probe"]["inputs"]["model"] = ["waiter", 0]
+        return p
+    rows, logs = _sweep(h, lambda s: model_prompt(h, lora=s, lowvram_mb=3.0, prefix=f"pbe{s}"), compiled)
+    print("per strength (rel L2 vs eager, new graphs):", list(zip(STRENGTHS, rows)))
+    assert len(pack_lines(logs[0], "swapped in at model call 3")) == 1, logs[0]
+    assert pack_lines(logs[0], "in the background: "), logs[0]  # the worker's graphs
+    compiled_regions = [int(k) for n, k in re.findall(r"TCSTest: call (\d+) regions compiled (\d+)", logs[0])
+                        if int(n) >= 3]
+    assert compiled_regions and set(compiled_regions) == {2}, logs[0]  # compiled after the swap
+    log = "".join(logs)
+    assert not pack_lines(log, "recompiled") and not pack_lines(log, "failed"), log
+    assert [new for _, new in rows[1:]] == [0] * (len(STRENGTHS) - 1), rows
+    assert all(err < 1e-3 for err, _ in rows), rows

@@ -1,10 +1,11 @@
 """Issue #16: compile in a worker thread while the model runs eagerly, then swap at a call."""
+import contextlib
 import threading
 
 import pytest
 import torch
 
-from compile_core import background, engine
+from compile_core import background, engine, torch_compat
 from tcs_engine_helpers import CPU, eager, run, settings
 
 
@@ -172,3 +173,88 @@ def test_eager_beside_worker_raises_the_models_own_errors():
         raise ValueError("shape mismatch")
     with pytest.raises(ValueError, match="shape mismatch"):
         background.eager_beside_worker(broken)
+
+
+@pytest.mark.parametrize("device,fewer", [("cpu", True), ("cuda", False), (None, False)])
+def test_a_cpu_step_beside_the_worker_leaves_it_one_core(device, fewer):
+    """The eager step's intra-op threads on this thread are one fewer during the call (CPU
+    models only) and back to the caller's count afterwards, also when the call raises."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        dev = torch.device(device) if device else None
+        background.eager_beside_worker(lambda: seen.append(torch.get_num_threads()), dev)
+        assert seen == [1 if fewer else 2]
+        assert torch.get_num_threads() == 2
+
+        def broken():
+            raise ValueError("the model's own error")
+        with pytest.raises(ValueError):
+            background.eager_beside_worker(broken, dev)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not torch_compat.guard_check(), reason="new inputs compile in the foreground here")
+def test_a_new_size_runs_eagerly_and_compiles_on_the_worker(wan, wan_inputs, graph_count, pack_log):
+    """Static shapes: a new token count needs a new graph. That call runs its regions eagerly
+    (no graph on the calling thread) and queues the compile; the next call swaps it in."""
+    model = wan.Model(n_blocks=2).eval()
+    cm = engine.prepare(model, _bg(shape_policy="static"))
+    small, big = wan_inputs(), wan_inputs(tokens=10)
+    run(cm, model, *small)
+    _wait_done(cm)
+    run(cm, model, *small)  # swapped in
+    g0 = graph_count()
+    torch.testing.assert_close(run(cm, model, *big), eager(model, *big))
+    assert graph_count() == g0 and cm._job is not None  # eager here, compile queued
+    _wait_done(cm)
+    assert graph_count() == g0 + 1  # the worker's graph for the new size
+    torch.testing.assert_close(run(cm, model, *big), eager(model, *big))
+    assert graph_count() == g0 + 1 and cm._job is None and cm.swapped_at == 2
+    torch.testing.assert_close(run(cm, model, *small), eager(model, *small))  # both sizes kept
+    assert graph_count() == g0 + 1
+    infos = "\n".join(pack_log.infos())
+    assert "2 region call(s) of" in infos and "it compiles in the background" in infos
+
+
+@pytest.mark.skipif(not torch_compat.guard_check(), reason="new inputs compile in the foreground here")
+def test_a_miss_that_compiles_nothing_turns_the_probe_off(wan, wan_inputs, monkeypatch, pack_log):
+    """Told "no graph takes this call" where one does (simulated), the queued compile finds
+    nothing to compile: from then on new inputs take the regular path, never eager forever."""
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, _bg())
+    run(cm, model, x, t)
+    _wait_done(cm)
+    run(cm, model, x, t)
+    monkeypatch.setattr(torch_compat, "cached_graph_accepts", lambda *a: False)  # the fake
+    run(cm, model, x, t)  # "missed": eager, compile queued
+    _wait_done(cm)
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert cm._miss_off and cm._miss_probe() is None
+    assert "compiled nothing new" in "\n".join(pack_log.infos())
+
+
+def test_the_workers_compile_runs_inside_the_callers_worker_context(wan, wan_inputs):
+    """What the caller holds around its own calls (the bridge: the LoRA routing) is held by
+    the worker for its whole compile, on the worker's thread, while the sampling thread's
+    calls come and go."""
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    held = []
+
+    @contextlib.contextmanager
+    def routing():
+        held.append(threading.current_thread().name)
+        try:
+            yield
+        finally:
+            held.append("left")
+    cm = engine.prepare(model, _bg())
+    cm.run(model, lambda: model(x, t), CPU, routing)
+    _wait_done(cm)
+    assert held == ["tcs-background-compile", "left"]
+    assert cm.entry.graphs == 1

@@ -282,6 +282,35 @@ def test_routing_leaves_unpatched_layers_and_other_functions_alone(op, routing, 
         assert not routed and model.blocks[0].a.weight_function is other
 
 
+def test_routing_held_by_two_holders_is_put_back_by_the_last_one(op, routing, fresh_code):
+    """A background compile holds the routing on its worker while the sampling thread enters
+    and leaves it per model call: the stand-ins stay until the last holder leaves."""
+    model, plan = _comfy_like(fresh_code)(), _Plan()
+    layer, patch = model.blocks[0].a, LowVramPatch("0.a.weight", torch.zeros(8, 8), 1.0)
+    layer.weight_function = [patch]
+    worker = routing.routed(model, plan)
+    assert worker.__enter__()
+    stand_in = layer.weight_function
+    assert stand_in != [patch]
+    for _ in range(2):  # the sampling thread's model calls
+        with routing.routed(model, plan) as routed:
+            assert routed and layer.weight_function is stand_in
+        assert layer.weight_function is stand_in  # the worker still holds it
+    worker.__exit__(None, None, None)
+    assert layer.weight_function == [patch] and not routing._HELD
+
+
+def test_routing_keeps_patches_set_while_it_was_held(op, routing, fresh_code):
+    """ComfyUI sets new patches (a new LoRA) while a holder is in: leaving keeps the new ones."""
+    model, plan = _comfy_like(fresh_code)(), _Plan()
+    layer = model.blocks[0].a
+    layer.weight_function = [LowVramPatch("0.a.weight", torch.zeros(8, 8), 1.0)]
+    with routing.routed(model, plan):
+        newer = [LowVramPatch("0.a.weight", torch.ones(8, 8), 0.5)]
+        layer.weight_function = newer
+    assert layer.weight_function is newer and not routing._HELD
+
+
 def test_routing_on_older_torch_changes_nothing_and_says_why_once(routing, fresh_code, monkeypatch, caplog):
     import logging
     monkeypatch.setattr(tc, "opaque_weight_fetch", lambda: False)
