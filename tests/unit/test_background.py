@@ -149,7 +149,8 @@ def test_cuda_background_compile_uses_mode_default(mode, preset, kept):
 def test_an_eager_step_that_lands_in_the_workers_fx_tracer_runs_again_after_it():
     """A real race: a torch.fx symbolic trace on the worker patches nn.Module.__call__ for the
     whole process, so a module call on this thread fails meanwhile; ``eager_beside_worker``
-    runs it again once the worker is idle, with the eager result."""
+    runs it again as soon as the trace is done (not when the whole job is), with the eager
+    result."""
     started, release = threading.Event(), threading.Event()
 
     def traced(x):
@@ -162,10 +163,17 @@ def test_an_eager_step_that_lands_in_the_workers_fx_tracer_runs_again_after_it()
     lin, x = torch.nn.Linear(2, 2), torch.randn(1, 2)
     with pytest.raises(NameError, match="not installed as a submodule"):
         lin(x)  # what an eager step beside the worker's trace gets without the retry
+    after_trace = threading.Event()
+
+    def job_after_the_trace():
+        after_trace.wait(10)  # the worker stays busy until the eager step is back
+    background.submit(job_after_the_trace, "next job")
     threading.Timer(0.3, release.set).start()
     out = background.eager_beside_worker(lambda: lin(x))
-    assert not background.busy()
+    assert release.is_set() and background.busy()  # after the trace, before the worker is idle
     assert torch.equal(out, torch.nn.functional.linear(x, lin.weight, lin.bias))
+    after_trace.set()
+    assert background.wait_idle(10)
 
 
 def test_eager_beside_worker_raises_the_models_own_errors():
@@ -258,3 +266,24 @@ def test_the_workers_compile_runs_inside_the_callers_worker_context(wan, wan_inp
     _wait_done(cm)
     assert held == ["tcs-background-compile", "left"]
     assert cm.entry.graphs == 1
+
+
+def test_gil_turns_are_short_while_a_job_runs_and_put_back_after():
+    import sys
+    before = sys.getswitchinterval()
+    seen = []
+    background.submit(lambda: seen.append(sys.getswitchinterval()), "interval")
+    assert background.wait_idle(10)
+    assert seen == [pytest.approx(background.SWITCH_INTERVAL)]
+    assert sys.getswitchinterval() == before
+
+
+def test_gil_turns_changed_by_someone_else_meanwhile_are_left_alone():
+    import sys
+    before = sys.getswitchinterval()
+    try:
+        with background.short_gil_turns():
+            sys.setswitchinterval(0.002)  # another component's choice
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(before)
