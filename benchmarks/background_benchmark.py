@@ -144,19 +144,29 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     info = machine_info(sys.argv)
     model = make_tiny_wan(num_layers=args.blocks, dim=256, seed=0)
-    work = Path(tempfile.mkdtemp(prefix="tcs_bg_bench_"))
-    try:
-        res = {v: one_server(v, model, args.steps, args.runs, work) for v in VARIANTS}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    res = in_scratch("tcs_bg_bench_", lambda work: {v: one_server(v, model, args.steps, args.runs, work)
+                                                      for v in VARIANTS})
     summary = summarise(res)
     for v in res.values():
         v.pop("latents")
-    Path(args.out + ".json").write_text(json.dumps({"machine": info, "summary": summary, "raw": res},
-                                                   indent=1))
-    Path(args.out + ".md").write_text(markdown(summary, info, args))
-    print(markdown(summary, info, args))
+    write_out(args.out, {"machine": info, "summary": summary, "raw": res}, markdown(summary, info, args))
     return 0
+
+
+def in_scratch(prefix: str, fn):
+    """``fn(work)`` with a fresh scratch folder, removed after."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        return fn(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def write_out(out: str, data: dict, md: str) -> None:
+    """``out``.json and ``out``.md, and the Markdown printed."""
+    Path(out + ".json").write_text(json.dumps(data, indent=1))
+    Path(out + ".md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":

@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from background_benchmark import prompt as timed_prompt, steps_of  # noqa: E402
+from background_benchmark import in_scratch, prompt as timed_prompt, steps_of, write_out  # noqa: E402
 from run_benchmarks import Run, machine_info  # noqa: E402
 from harness import ComfyHost, make_tiny_wan, rel_l2  # noqa: E402
 
@@ -138,14 +135,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     info = machine_info(sys.argv)
     model = make_tiny_wan(num_layers=args.blocks, dim=256, seed=0)
-    work = Path(tempfile.mkdtemp(prefix="tcs_steady_bench_"))
-    try:
-        res = measure(model, args.steps, args.rounds, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    Path(args.out + ".json").write_text(json.dumps({"machine": info, **res}, indent=1))
-    Path(args.out + ".md").write_text(markdown(res, info, args))
-    print(markdown(res, info, args))
+    res = in_scratch("tcs_steady_bench_", lambda work: measure(model, args.steps, args.rounds, work))
+    write_out(args.out, {"machine": info, **res}, markdown(res, info, args))
     return 0
 
 
