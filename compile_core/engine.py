@@ -189,10 +189,22 @@ class CompiledModel:
     swapped_at: int | None = None  # the model call at which the background compile took over
     _miss_off: bool = False  # new inputs compile in the foreground (see ``_swap``)
     _worker_context: Callable | None = None  # of the current call (see ``run``)
+    _sampling_run: int = 0  # 0: outside ``sampling_run``, 1: at its first call, 2: after it
 
     @property
     def fingerprint(self) -> str:
         return self.entry.fingerprint
+
+    @contextlib.contextmanager
+    def sampling_run(self) -> Iterator[None]:
+        """One sampling run: the caller promises that no region's submodule is replaced between
+        its model calls (ComfyUI patches modules when it loads the model, before the first
+        one), so what depends only on the module structure is worked out once per run."""
+        outer, self._sampling_run = self._sampling_run, 1
+        try:
+            yield
+        finally:
+            self._sampling_run = outer
 
     def mark_warmed(self) -> None:
         """Kernels are being warmed elsewhere (compile-ahead): skip the first-call PTX warm-up."""
@@ -224,7 +236,8 @@ class CompiledModel:
         """The foreground path: compile (first call, recompiles) and run on this thread."""
         scope, ptx = self._scope(device.type == "cuda")
         modules = self.plan.modules(diffusion_model)
-        p = self._begin_compile(modules, device)
+        p = self._begin_compile(modules, device, keep_keys=self._sampling_run > 1)
+        self._sampling_run += self._sampling_run == 1  # the run's first call keyed them
         miss = self._miss_probe()
         failure = ""
         try:
@@ -261,9 +274,11 @@ class CompiledModel:
                      "eagerly, and it compiles in the background", miss.eager_regions, self.description)
         return out
 
-    def _begin_compile(self, modules: list[nn.Module], device: torch.device) -> "_CompilePass":
+    def _begin_compile(self, modules: list[nn.Module], device: torch.device,
+                       keep_keys: bool = False) -> "_CompilePass":
         """What a call that may compile needs first (the first compile: prewarm, the fleet),
-        and the counters its ``_finish_compile`` compares against."""
+        and the counters its ``_finish_compile`` compares against. ``keep_keys``: see
+        ``sampling_run``."""
         recorder, first_compile = None, self.entry.graphs == 0
         if first_compile:
             prewarm.wait()  # a background warm-up's imports must not race this compile's
@@ -274,7 +289,7 @@ class CompiledModel:
         p = _CompilePass(first_compile, recorder, fast, _graph_count(), self._cache_counts(),
                          time.time_ns() // 1000, time.perf_counter())
         if fast is not None:
-            fast.begin_run(modules, device)
+            fast.begin_run(modules, device, keep_keys)
         return p
 
     def _probe_isa(self, p: "_CompilePass", device: torch.device) -> None:

@@ -13,6 +13,7 @@ call costs one recompile at the first batch of 2.
 from __future__ import annotations
 
 import inspect
+import operator
 from typing import Callable
 
 import torch
@@ -135,6 +136,8 @@ class InputShaper:
                                                 .parameters.values())[1:]
                            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] \
             if self.dims else []
+        # the dims of each positional slot, looked up once (the per-call path indexes them)
+        self.arg_dims = [self.dims.get(n, ()) for n in self.positional] if self.dims else []
         # unknown family: dims per argument slot, decided at the first call of each layout and
         # kept, so every later size gets the same marks
         self.layouts: dict[tuple, dict] = {}
@@ -147,13 +150,11 @@ class InputShaper:
         are prepared once per model call, not once per block."""
         marks: list[list[tuple[torch.Tensor, int]]] = []
         memo = {} if memo is None else memo
-        if self.dims is not None:
-            names = self.positional
-            args = tuple(self._prepare(v, self.dims.get(names[i] if i < len(names) else "", ()), marks, memo)
-                         if isinstance(v, torch.Tensor) else v for i, v in enumerate(args))
-            kwargs = {k: self._prepare(v, self.dims.get(k, ()), marks, memo) if isinstance(v, torch.Tensor)
-                      else v for k, v in kwargs.items()}
-            return args, kwargs, marks
+        if self.dims is not None:  # (the hot path: every block call of a known family)
+            prepare, tensor, arg_dims, n = self._prepare, torch.Tensor, self.arg_dims, len(self.arg_dims)
+            args = tuple([prepare(v, arg_dims[i] if i < n else (), marks, memo) if isinstance(v, tensor)
+                          else v for i, v in enumerate(args)])
+            return args, self._family_kwargs(kwargs, marks, memo), marks
         if self.whole_model:
             return self._whole_model(args, kwargs, marks, memo)
         slots = tensor_slots(args, kwargs)
@@ -164,6 +165,24 @@ class InputShaper:
         args = tuple(self._prepare_arg(v, i, dims, marks, memo) for i, v in enumerate(args))
         kwargs = {k: self._prepare_arg(v, k, dims, marks, memo) for k, v in kwargs.items()}
         return args, kwargs, marks
+
+    def _family_kwargs(self, kwargs: dict, marks: list, memo: dict) -> dict:
+        """The prepared keyword arguments. A block given the very objects the previous block of
+        this model call got (WAN's modulation, rope and text context go to every block) takes
+        that block's result, unless one of them had to be copied (a copy is checked against
+        in-place changes by ``_prepare``'s memo)."""
+        keys, values = tuple(kwargs), tuple(kwargs.values())
+        last = memo.get(_LAST_KWARGS)
+        if last is not None and last[0] == keys and all(map(operator.is_, values, last[1])):
+            marks.extend(own for own in last[3] if own)
+            return dict(last[2])
+        start, get, prepare, tensor = len(marks), self.dims.get, self._prepare, torch.Tensor
+        out = {k: prepare(v, get(k, ()), marks, memo) if isinstance(v, tensor) else v
+               for k, v in kwargs.items()}
+        if all(p is v or p.data_ptr() == v.data_ptr() for p, v in zip(out.values(), values)
+               if isinstance(v, tensor)):
+            memo[_LAST_KWARGS] = (keys, values, out, marks[start:])
+        return out
 
     def _prepare_arg(self, v, slot, dims: dict, marks: list, memo: dict):
         if isinstance(v, torch.Tensor):
@@ -199,11 +218,13 @@ class InputShaper:
         key = (id(t), dims)
         hit = memo.get(key)
         if hit is not None and hit[0] is t and (hit[3] is None or hit[3] == t._version):
-            marks.append(hit[2])
+            if hit[2]:  # (emptied once marked: see ``mark``)
+                marks.append(hit[2])
             return hit[1]
         prepared, own = self._prepare_new(t, dims)
-        marks.append(own)
-        if prepared.data_ptr() == t.data_ptr():  # t itself, or a view of the same memory
+        if own:
+            marks.append(own)
+        if prepared is t or prepared.data_ptr() == t.data_ptr():  # t, or a view of its memory
             memo[key] = (t, prepared, own, None)  # (t kept alive: its id is not reused this call)
         elif not t.is_inference():  # a copy: stale once t changes in place (inference tensors
             memo[key] = (t, prepared, own, t._version)  # have no version counter: no memo)
@@ -219,7 +240,11 @@ class InputShaper:
         # a size-1 dim other than the batch is a broadcast dim (WAN 2.1's modulation ``e`` is
         # [B, 1, 6, C]): marked dynamic under backed_size_oblivious it stops broadcasting, and a
         # block split by a graph break (ComfyUI's sub-quadratic attention) then gave NaN output
-        return t, [(t, d) for d in dims if d < t.ndim and (d == 0 or t.shape[d] != 1)]
+        shape = t.shape
+        return t, [(t, d) for d in dims if d < len(shape) and (d == 0 or shape[d] != 1)]
+
+
+_LAST_KWARGS = object()  # memo key: the keyword arguments of the model call's last block call
 
 
 def mark(marks: list[list[tuple[torch.Tensor, int]]]) -> None:
@@ -247,8 +272,37 @@ def shaped_call(compiled: Callable, module: nn.Module, shaper: InputShaper, fast
             args, kwargs = shaped, shaped_kwargs
         else:
             args, kwargs, marks = shaper(module, args, kwargs, memo)
-        if fast is None:
+        if fast is not None:
+            return fast.call(module, args, kwargs, lambda: mark(marks), compiled)
+        if memo is None:
             mark(marks)
             return compiled(module, *args, **kwargs)
-        return fast.call(module, args, kwargs, lambda: mark(marks), compiled)
+        return _marked_until_a_hit(compiled, module, args, kwargs, marks, memo)
     return call
+
+
+def _marked_until_a_hit(compiled: Callable, module: nn.Module, args: tuple, kwargs: dict,
+                        marks: list, memo: dict):
+    """Call ``compiled`` with the marks applied, until a call of this region class in this model
+    call compiles nothing: its later blocks take the same graphs (one cache entry per forward),
+    so they skip the marks, which only matter to a trace (each costs a few microseconds on a
+    fresh tensor, every block's ``x``). A later block that still traces (a guard only it
+    fails) is traced without its own ``x`` marks, so at worst it recompiles once when the size
+    changes (dynamo's automatic dynamic shapes then); its output is the same either way."""
+    hit = (_HIT, type(module))
+    if hit in memo:
+        return compiled(module, *args, **kwargs)
+    mark(marks)
+    before = _graphs()
+    out = compiled(module, *args, **kwargs)
+    if _graphs() == before:
+        memo[hit] = True
+    return out
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+_HIT = object()  # memo key prefix: a call of this region class compiled nothing

@@ -104,7 +104,8 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
 
     def torch_compile_speed_status(executor, *args, **kwargs):
         try:
-            return executor(*args, **kwargs)
+            with compiled.sampling_run():
+                return executor(*args, **kwargs)
         finally:  # once per sampling run, so a reloaded page or a cached node gets its badge too
             send_status(status_payload(compiled, node_id))
 

@@ -64,7 +64,8 @@ class _GGUFCast:
 # Cached between calls; values never hold their key strongly (a WeakKeyDictionary would keep it)
 _PATCH_CALLS: "weakref.WeakKeyDictionary[object, _PatchCall]" = weakref.WeakKeyDictionary()
 _GGUF_REFS: "weakref.WeakKeyDictionary[torch.nn.Module, weight_fetch.WeightRef]" = weakref.WeakKeyDictionary()
-_LAYERS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()  # per model
+# per model, then per plan (two Apply nodes on one model alternate without walking it again)
+_LAYERS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
 def _patch_call(patch) -> _PatchCall:
@@ -108,7 +109,10 @@ def _layers(model, plan) -> tuple[tuple, tuple]:
     """(core layers, GGUF layers) in ``plan``'s regions of ``model`` that may carry a patched
     fetch, as weak references. Cached per model and plan (found again when one is gone): a
     region module replaced later is not routed, which costs recompiles, never correctness."""
-    got = _LAYERS.get(model)
+    per_plan = _LAYERS.get(model)
+    if per_plan is None:
+        per_plan = _LAYERS[model] = {}
+    got = per_plan.get(id(plan))
     if got is None or got[0] is not plan:
         core, gguf = [], []
         for region in plan.modules(model):
@@ -118,7 +122,9 @@ def _layers(model, plan) -> tuple[tuple, tuple]:
                         gguf.append(weakref.ref(m))
                 elif hasattr(m, "weight_function"):
                     core.append(weakref.ref(m))
-        got = _LAYERS[model] = (plan, tuple(core), tuple(gguf))
+        if len(per_plan) >= 4:  # plans of Apply nodes gone since
+            per_plan.clear()
+        got = per_plan[id(plan)] = (plan, tuple(core), tuple(gguf))
     return got[1], got[2]
 
 

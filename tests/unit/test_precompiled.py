@@ -230,6 +230,92 @@ def test_region_key_follows_every_submodule_class():
     assert precompiled.region_key(a).startswith("Block-")
 
 
+def test_region_keys_are_kept_for_the_same_modules_only_when_asked(tmp_path, monkeypatch):
+    walked = []
+    monkeypatch.setattr(precompiled, "region_key",
+                        lambda m, key=precompiled.region_key: walked.append(m) or key(m))
+    fast, model, cpu = precompiled.Precompiled(tmp_path, {}), tiny.build(), torch.device("cpu")
+    blocks = list(model.blocks)
+    fast.begin_run(blocks, cpu)
+    fast.begin_run(blocks, cpu, keep_keys=True)
+    assert len(walked) == 3
+    fast.begin_run(blocks[:2], cpu, keep_keys=True)  # other modules: keyed again
+    fast.begin_run(blocks, cpu, keep_keys=True)
+    assert len(walked) == 3 + 2 + 3
+    fast.begin_run(blocks, cpu)  # not asked: walked again
+    assert len(walked) == 11
+    assert set(fast._keys) == {id(b) for b in blocks}
+
+
+class CountingRegion:
+    """FAKE loaded saved region: accepts every call, counts its guard checks, returns ``x``."""
+    def __init__(self):
+        self.fn, self.checks = self, 0
+
+    def guard_check(self, *args, **kwargs) -> bool:
+        self.checks += 1
+        return True
+
+    def __call__(self, module, *args, **kwargs):
+        return args[0]
+
+
+def test_a_call_takes_checked_ahead_runs_its_guards_once(tmp_path):
+    """Background mode asks ``takes`` before each block call, then ``call`` runs it: the
+    variant found for these very objects is reused, any other call is checked again."""
+    fast, block, fake = precompiled.Precompiled(tmp_path, {}), tiny.build().blocks[0], CountingRegion()
+    fast.begin_run([block], torch.device("cpu"))
+    key = fast._keys[id(block)]
+    fast.regions[key] = [precompiled._Region(fake, precompiled.GlobalChecks.capture([], {}),
+                                             precompiled.LocalChecks([], []))]
+    args, kwargs = (torch.randn(2, 4, 32),), {}
+
+    def regular(*a, **k):
+        raise AssertionError("the saved region takes it")
+    assert fast.takes(block, args, kwargs) is True and fake.checks == 1
+    assert fast.call(block, args, kwargs, lambda: None, regular) is args[0] and fake.checks == 1
+    fast.call(block, args, kwargs, lambda: None, regular)  # not asked ahead: checked
+    assert fake.checks == 2
+    fast.takes(block, args, kwargs)
+    fast.call(block, (args[0],), kwargs, lambda: None, regular)  # other objects: checked
+    assert fake.checks == 4
+
+
+class RecordingPrecompiled:
+    """FAKE saved-region store: records ``begin_run``'s ``keep_keys``; every call goes the
+    regular way."""
+    loaded = captured = 0
+
+    def __init__(self):
+        self.keep = []
+
+    def begin_run(self, modules, device, keep_keys=False):
+        self.keep.append(keep_keys)
+
+    def call(self, module, args, kwargs, mark, regular):
+        mark()
+        return regular(module, *args, **kwargs)
+
+
+def test_a_sampling_run_keys_the_regions_at_its_first_model_call_only():
+    """``CompiledModel.sampling_run`` (the bridge's sampling wrapper): ComfyUI replaces modules
+    when it loads the model, before a run's first call, so the keys are made then; outside a
+    run every call makes them."""
+    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default"))
+    model, x = tiny.build(), torch.randn(2, 4, 8)
+    cm = engine.prepare(model, settings, engine.ReuseRegistry())
+    cm.entry.compiled, cm.entry.graphs = nn.Module._call_impl, 1  # the keying is tested, not a compile
+    cm.entry.precompiled = fake = RecordingPrecompiled()
+    t = torch.ones(2)
+    with torch.no_grad():
+        for _ in range(2):
+            with cm.sampling_run():
+                for _ in range(3):
+                    cm.run(model, lambda: model(x, t), x.device)
+        cm.run(model, lambda: model(x, t), x.device)
+    assert fake.keep == [False, True, True, False, True, True, False]
+
+
 def test_only_regional_inductor_compiles_without_cuda_graphs_use_it(monkeypatch):
     s = _settings()
     assert precompiled.supported(s, regional=True)

@@ -282,6 +282,22 @@ def test_routing_leaves_unpatched_layers_and_other_functions_alone(op, routing, 
         assert not routed and model.blocks[0].a.weight_function is other
 
 
+def test_two_plans_on_one_model_keep_their_layer_lists(routing, fresh_code):
+    """Two Apply nodes on one model alternate model calls: each plan's layers are walked once."""
+    model, walked = _comfy_like(fresh_code)(), []
+
+    class CountingPlan(_Plan):
+        def modules(self, m):
+            walked.append(self)
+            return super().modules(m)
+    first, second = CountingPlan(), CountingPlan()
+    for _ in range(3):
+        for plan in (first, second):
+            with routing.routed(model, plan) as routed:
+                assert not routed
+    assert walked == [first, second]
+
+
 def test_routing_held_by_two_holders_is_put_back_by_the_last_one(op, routing, fresh_code):
     """A background compile holds the routing on its worker while the sampling thread enters
     and leaves it per model call: the stand-ins stay until the last holder leaves."""

@@ -1,0 +1,146 @@
+"""Steady compiled model calls side by side in one process: what the pack costs, and what
+compiling block by block (regional) costs, against ComfyUI core's whole-model compile.
+
+The server-level benchmark (``steady_benchmark.py``) has the settings node's defaults at about
+1.1x core per prompt. This one takes the server out and splits that gap. One tiny WAN 2.1 (8
+blocks, text_dim 4096, ComfyUI's own ``WanModel``, random weights) per variant, the same
+weights in each, a CFG batch of 2; every variant is compiled (cold, a scratch inductor cache)
+and warmed, then all run once per round in a shuffled order; medians, ratios to core.
+
+Variants:
+- ``eager``: no compile.
+- ``core``: ``torch.compile`` of the whole diffusion model with core's guard filter, as
+  ComfyUI's TorchCompileModel does it.
+- ``torch regional``: torch's own regional compile, ``block.compile()`` on every block, no pack.
+- ``ours``: the pack's engine with the settings node's defaults (regional, mode speed).
+- ``ours whole``: the pack's engine, the whole model as one region.
+
+``ours`` / ``torch regional`` is what the pack costs in steady state; ``torch regional`` / ``core``
+is what regional compilation costs on this model (the glue between blocks runs eagerly, each
+block is its own compiled call).
+
+    .venv/bin/python benchmarks/regional_cost.py [--rounds 25] [--dim 256]
+
+Writes ``benchmarks/results/regional_cpu.json`` and ``.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+from run_benchmarks import _comfy_import_setup, machine_info  # noqa: E402
+from background_benchmark import write_out  # noqa: E402
+from overhead_benchmark import interleaved, load_pack  # noqa: E402
+
+VARIANTS = ("eager", "core", "torch regional", "ours", "ours whole")
+
+
+def build(dim: int, blocks: int):
+    import torch
+    import comfy.ops
+    from comfy.ldm.wan.model import WanModel
+    torch.manual_seed(0)
+    model = WanModel(model_type="t2v", dim=dim, ffn_dim=2 * dim, num_layers=blocks, num_heads=dim // 128,
+                     in_dim=16, out_dim=16, text_dim=4096, operations=comfy.ops.disable_weight_init).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.3 if name.endswith("modulation") else p.shape[-1] ** -0.5 if p.ndim >= 2 else 0.02)
+    return model
+
+
+def compiled_call(variant: str, model, inputs: tuple):
+    """The steady model call of ``variant`` (compiled on its first call)."""
+    import torch
+    x, t, ctx = inputs
+    call = lambda m=model: m(x, t, ctx, transformer_options={})  # noqa: E731
+    if variant == "core":
+        from comfy_extras.nodes_torch_compile import skip_torch_compile_dict
+        whole = torch.compile(model, options={"guard_filter_fn": skip_torch_compile_dict})
+        return lambda: whole(x, t, ctx, transformer_options={})
+    if variant == "torch regional":
+        for block in model.blocks:
+            block.compile()
+    if variant.startswith("ours"):
+        pack = load_pack()
+        engine, s = pack("compile_core.engine"), pack("compile_core.settings")
+        extra = {"compile_transformer_blocks_only": False} if variant == "ours whole" else {}
+        settings = s.CompileSettings.from_args(s.build_compile_args(mode="speed", **extra))
+        cm = engine.prepare(model, settings, pack("compile_core.registry").ReuseRegistry())
+        return lambda: cm.run(model, call, x.device)
+    return call
+
+
+def measure(dim: int, blocks: int, rounds: int) -> dict:
+    import torch
+    from torch._dynamo.utils import counters
+    inputs = (torch.randn(2, 16, 2, 16, 16), torch.tensor([500.0, 500.0]), torch.randn(2, 512, 4096))
+    calls, rows = {}, {}
+    with torch.no_grad():
+        for v in VARIANTS:
+            graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
+            calls[v] = compiled_call(v, build(dim, blocks), inputs)
+            out = calls[v]()
+            calls[v]()
+            rows[v] = {"first_call_s": time.perf_counter() - start,
+                       "graphs": counters["stats"]["unique_graphs"] - graphs, "out": out}
+        ref = rows["eager"]["out"]
+        med = interleaved(calls, rounds, warm=0, clock=time.perf_counter_ns)  # (2 threads: wall time)
+    for v, r in rows.items():
+        out = r.pop("out")
+        r.update(call_ms=med[v] * 1e3, per_core=med[v] / med["core"], rel_l2=float((out - ref).norm() / ref.norm()))
+    rows["ours"]["per_torch_regional"] = rows["ours"]["call_ms"] / rows["torch regional"]["call_ms"]
+    return rows
+
+
+def markdown(result: dict) -> str:
+    m, rows = result["machine"], result["rows"]
+    lines = ["# Steady model calls in one process: the pack and regional compilation vs core (CPU)", "",
+             f"Command: `{m['command']}`", "",
+             f"Machine: {m['nproc']} cores, {m['cpu_model']}, torch {m['torch']}, ComfyUI {m['comfyui']}, "
+             f"load average at start {m['loadavg_start']}, {m['date']}. Tiny WAN 2.1, {result['blocks']} "
+             f"blocks, dim {result['dim']}, text_dim 4096, batch 2 (CFG), 128x128x5; {result['rounds']} "
+             "shuffled rounds, medians.", "",
+             "| variant | call ms | / core | graphs | first call s (cold) | rel L2 vs eager |",
+             "|---|---|---|---|---|---|"]
+    for v, r in rows.items():
+        lines.append(f"| {v} | {r['call_ms']:.1f} | {r['per_core']:.3f} | {r['graphs']} | "
+                     f"{r['first_call_s']:.1f} | {r['rel_l2']:.1e} |")
+    lines += ["", f"The pack in steady state, `ours` / `torch regional`: "
+              f"**{rows['ours']['per_torch_regional']:.3f}**. Regional compilation itself, "
+              f"`torch regional` / `core`: {rows['torch regional']['per_core']:.3f}; the whole model "
+              f"through the pack, `ours whole` / `core`: {rows['ours whole']['per_core']:.3f}.", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=25)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    info = machine_info(sys.argv)
+    scratch = tempfile.mkdtemp(prefix="tcs-regional-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch  # cold compiles, nothing left behind
+    try:
+        _comfy_import_setup("--use-pytorch-cross-attention")
+        rows = measure(args.dim, args.blocks, args.rounds)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result = {"dim": args.dim, "blocks": args.blocks, "rounds": args.rounds, "rows": rows, "machine": info}
+    md = markdown(result)
+    if args.no_write:
+        print(md)
+    else:
+        write_out(str(REPO / "benchmarks" / "results" / "regional_cpu"), result, md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
