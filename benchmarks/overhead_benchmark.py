@@ -149,19 +149,19 @@ def replay_rows(pack, model, call, rounds: int, tmp: Path) -> dict:
         for m, a, k in calls:
             m(*a, **k)
 
+    def first_arg(*args, **kwargs):
+        return args[0]
+
     def core():
         for b in model.blocks:
-            b.__dict__["_compiled_call_impl"] = b.__dict__["_core_identity"]
+            b.__dict__["_compiled_call_impl"] = first_arg
         try:
             replay()
         finally:
             for b in model.blocks:
                 del b.__dict__["_compiled_call_impl"]
-    for b in model.blocks:
-        b.__dict__["_core_identity"] = lambda *a, **k: a[0]
     regular, saved = compiled_model(pack, model, None), compiled_model(pack, model, tmp)
-    knobs = {**scoped.knobs_for(regular.settings, False), **{"env": {}, "headers": None}}
-    knobs.update(regular._scope(False)[0])
+    knobs = regular._scope(False)[0]  # (what the engine's run enters)
 
     def scoped_only():
         with scoped.scoped_state(**knobs):
@@ -295,7 +295,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2000)
-    ap.add_argument("--full-rounds", type=int, default=300, help="real model calls (0: skip)")
+    ap.add_argument("--full-rounds", type=int, default=300, help="real model calls measured (0: 300, without the full-model cross-check)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     info = machine_info(sys.argv)

@@ -116,11 +116,6 @@ def _shaper(shapers: dict, module: nn.Module, family: str, policy: str, whole_mo
 _MISSING = object()
 
 
-def _graph_count() -> int:
-    from torch._dynamo.utils import counters
-    return int(counters["stats"]["unique_graphs"])
-
-
 def _frames_since(start_us: int) -> list[dict]:
     """Dynamo's own compilation records (one per compiled frame; it keeps the last 64) that
     started after ``start_us``: where, how long, and for recompiles the guard that failed."""
@@ -286,7 +281,7 @@ class CompiledModel:
                 recorder = prewarm.ImportRecorder()
                 self._before_first_compile(device)
         fast = self._precompiled()
-        p = _CompilePass(first_compile, recorder, fast, _graph_count(), self._cache_counts(),
+        p = _CompilePass(first_compile, recorder, fast, torch_compat.graph_count(), self._cache_counts(),
                          time.time_ns() // 1000, time.perf_counter())
         if fast is not None:
             fast.begin_run(modules, device, keep_keys)
@@ -301,7 +296,7 @@ class CompiledModel:
         it compiled or loaded any."""
         # a region loaded by torch's AOT API counts like a graph compiled from the cache
         loaded = p.fast.loaded - p.cache_before[2] if p.fast else 0
-        new_graphs = p.new_graphs = _graph_count() - p.graphs_before + loaded
+        new_graphs = p.new_graphs = torch_compat.graph_count() - p.graphs_before + loaded
         changed = self._record(time.perf_counter() - p.start, new_graphs, loaded, where)
         if new_graphs:
             self.entry.frames.extend(_frames_since(p.start_us))

@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import torch_compat
+
 POLICIES = ("auto", "static", "dynamic")
 
 # Region forward argument name -> latent-derived dims, per model family (RegionPlan.family: a
@@ -47,7 +49,6 @@ def fx_knobs(policy: str) -> dict[str, object]:
     """``torch.fx.experimental._config`` knobs for the run (see module docstring)."""
     if policy != "auto":
         return {}
-    from . import torch_compat
     return torch_compat.auto_fx_knobs()
 
 
@@ -293,16 +294,11 @@ def _marked_until_a_hit(compiled: Callable, module: nn.Module, args: tuple, kwar
     if hit in memo:
         return compiled(module, *args, **kwargs)
     mark(marks)
-    before = _graphs()
+    before = torch_compat.graph_count()
     out = compiled(module, *args, **kwargs)
-    if _graphs() == before:
+    if torch_compat.graph_count() == before:
         memo[hit] = True
     return out
-
-
-def _graphs() -> int:
-    from torch._dynamo.utils import counters
-    return counters["stats"]["unique_graphs"]
 
 
 _HIT = object()  # memo key prefix: a call of this region class compiled nothing

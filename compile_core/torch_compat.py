@@ -502,3 +502,9 @@ def warm_fx_tracers() -> None:
         InterpreterShim._dummy_gm()
     except Exception:  # noqa: BLE001 - not on this torch: background.eager_beside_worker copes
         pass
+
+
+def graph_count() -> int:
+    """Graphs dynamo has compiled in this process (its ``unique_graphs`` counter)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
