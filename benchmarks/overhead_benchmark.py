@@ -141,7 +141,7 @@ def interleaved(variants: dict, rounds: int, warm: int = 30, clock=time.thread_t
 
 def replay_rows(pack, model, call, rounds: int, tmp: Path) -> dict:
     """The pack's work per model call, on replayed block calls with identity regions."""
-    bridge, scoped, engine = pack("nodes.comfy_bridge"), pack("compile_core.scoped"), pack("compile_core.engine")
+    bridge, engine = pack("nodes.comfy_bridge"), pack("compile_core.engine")
     calls = block_calls(model, call)
     cpu = calls[0][1][0].device
 
@@ -161,10 +161,10 @@ def replay_rows(pack, model, call, rounds: int, tmp: Path) -> dict:
             for b in model.blocks:
                 del b.__dict__["_compiled_call_impl"]
     regular, saved = compiled_model(pack, model, None), compiled_model(pack, model, tmp)
-    knobs = regular._scope(False)[0]  # (what the engine's run enters)
+    scope = regular._scope(False)[0]  # (what the engine's run enters)
 
     def scoped_only():
-        with scoped.scoped_state(**knobs):
+        with scope.active():
             pass
 
     def attached_only():

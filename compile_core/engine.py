@@ -154,6 +154,7 @@ class _CompilePass:
     start_us: int
     start: float
     new_graphs: int = 0  # set by ``_finish_compile``
+    lazy_scope: bool = False  # the saved regions enter the scope (``_begin_compile``)
 
 
 def _region_variant(module: nn.Module) -> object:
@@ -231,16 +232,17 @@ class CompiledModel:
         """The foreground path: compile (first call, recompiles) and run on this thread."""
         scope, ptx = self._scope(device.type == "cuda")
         modules = self.plan.modules(diffusion_model)
-        p = self._begin_compile(modules, device, keep_keys=self._sampling_run > 1)
+        warm = ptx and not self._warmed and self.settings.warmup_runs
+        p = self._begin_compile(modules, device, keep_keys=self._sampling_run > 1, scope=scope, warm=warm)
         self._sampling_run += self._sampling_run == 1  # the run's first call keyed them
         miss = self._miss_probe()
         failure = ""
         try:
-            with scoped.scoped_state(**scope), \
+            with (contextlib.nullcontext() if p.lazy_scope else scope.active()), \
                     attached(modules, self.entry.compiled, self.plan.family, self.settings.shape_policy,
                              not self.plan.regional, p.fast, self._shapers, miss):
                 self._probe_isa(p, device)
-                if ptx and not self._warmed and self.settings.warmup_runs:
+                if warm:
                     secs = warmup.warm(call, self.settings.warmup_runs, device)
                     log.info("warmed Triton kernels %d time(s) on %s in %.1f s",
                              self.settings.warmup_runs, device, secs)
@@ -269,11 +271,13 @@ class CompiledModel:
                      "eagerly, and it compiles in the background", miss.eager_regions, self.description)
         return out
 
-    def _begin_compile(self, modules: list[nn.Module], device: torch.device,
-                       keep_keys: bool = False) -> "_CompilePass":
+    def _begin_compile(self, modules: list[nn.Module], device: torch.device, keep_keys: bool = False,
+                       scope: scoped.Scope | None = None, warm: bool = False) -> "_CompilePass":
         """What a call that may compile needs first (the first compile: prewarm, the fleet),
         and the counters its ``_finish_compile`` compares against. ``keep_keys``: see
-        ``sampling_run``."""
+        ``sampling_run``. With ``scope``, a call on the saved-region path after the first
+        compile leaves the scope to the saved regions (``p.lazy_scope``): they enter it where
+        a trace, a load or a first call needs it, so a call they take costs no scope."""
         recorder, first_compile = None, self.entry.graphs == 0
         if first_compile:
             prewarm.wait()  # a background warm-up's imports must not race this compile's
@@ -283,8 +287,9 @@ class CompiledModel:
         fast = self._precompiled()
         p = _CompilePass(first_compile, recorder, fast, torch_compat.graph_count(), self._cache_counts(),
                          time.time_ns() // 1000, time.perf_counter())
+        p.lazy_scope = scope is not None and fast is not None and not first_compile and not warm
         if fast is not None:
-            fast.begin_run(modules, device, keep_keys)
+            fast.begin_run(modules, device, keep_keys, scope.active if p.lazy_scope else None)
         return p
 
     def _probe_isa(self, p: "_CompilePass", device: torch.device) -> None:
@@ -387,7 +392,7 @@ class CompiledModel:
         scope, _ = self._scope(device.type == "cuda")
         modules = [c.module for c in captured]
         p = self._begin_compile(modules, device)
-        with background.locked_scope(scoped.scoped_state(**scope)), \
+        with background.locked_scope(scope.active()), \
                 (context() if context is not None else contextlib.nullcontext()):
             self._probe_isa(p, device)
             for c in captured:
@@ -417,8 +422,8 @@ class CompiledModel:
                  "(%d call(s) ran eagerly meanwhile)", self.description, job.seconds,
                  job.eager_calls + 1, job.eager_calls)
 
-    def _scope(self, on_cuda: bool) -> tuple[dict, dict]:
-        """(``scoped_state`` arguments, PTX env) of a run on CUDA or not: computed on the first
+    def _scope(self, on_cuda: bool) -> tuple[scoped.Scope, dict]:
+        """(``scoped.Scope``, PTX env) of a run on CUDA or not: computed on the first
         call (the persistent cache checks its folder then) and kept, unless the cache folder
         could not be used, which the next call tries again."""
         got = self._scopes.get(on_cuda)
@@ -428,7 +433,7 @@ class CompiledModel:
             headers = self.persistent.header_dir() if self.persistent and not on_cuda and env else None
             knobs = scoped.knobs_for(self.settings, on_cuda)
             knobs["dynamo"].update(FAMILY_DYNAMO_KNOBS.get(self.plan.family, {}))
-            got = ({**knobs, "env": env, "headers": headers}, ptx)
+            got = (scoped.Scope(**knobs, env=env, headers=headers), ptx)
             if env or not self.persistent:
                 self._scopes[on_cuda] = got
         return got

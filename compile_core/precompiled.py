@@ -35,6 +35,7 @@ back and checked against the call it was traced for before it is kept.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -94,6 +95,7 @@ class _Region:
     fn: Callable                 # torch's AOTCompiledFunction
     checks: GlobalChecks
     locals: LocalChecks
+    ran: bool = False            # called once in this process (inside the run's scope)
 
     def accepts(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
         """torch's saved guards, then ours on the functions the call passes in."""
@@ -205,13 +207,20 @@ class Precompiled:
         self._taken: tuple | None = None  # (module, args, kwargs, region) of the last ``takes``
         self._unused: dict[str, list[_Region]] = {}  # loaded from disk, no call accepted yet
         self._in_use: set[str] = set()  # variant file names loaded or saved here: never overwritten
+        self.scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
-    def begin_run(self, modules: list[nn.Module], device: torch.device, keep_keys: bool = False) -> None:
+    def begin_run(self, modules: list[nn.Module], device: torch.device, keep_keys: bool = False,
+                  scope: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
         """Once per model call: key the region modules (and the device: the same fingerprint
         may run on CPU and GPU), and drop regions whose globals changed. ``keep_keys``: the
         caller knows no submodule was replaced since the last call (one sampling run: ComfyUI
         patches modules before its first model call), so the same modules keep their keys
-        (the walk over every submodule cost ~45 us per model call)."""
+        (the walk over every submodule cost ~45 us per model call). ``scope``: the run's
+        ``scoped.Scope.active``, when the caller has not entered it around the model call:
+        this then enters it around what needs the run's knobs and cache folders (loading,
+        tracing, a region's first call, the regular path), and a call the saved regions take
+        pays for no scope at all."""
+        self.scope = scope or contextlib.nullcontext
         keyed = (device.type, *map(id, modules))
         if not (keep_keys and keyed == self._keyed):
             self._keys, self._keyed = {}, keyed
@@ -236,10 +245,16 @@ class Precompiled:
         if key and key not in self.regular:
             region = self._just_taken(module, args, kwargs) or self._find(key, module, args, kwargs) \
                 or self._capture(key, module, args, kwargs, mark)
-            if region is not None:
+            if region is not None and region.ran:
                 return region.fn.fn(module, *args, **kwargs)
+            if region is not None:  # its first call may still build kernels: in the cache folders
+                with self.scope():
+                    out = region.fn.fn(module, *args, **kwargs)
+                region.ran = True
+                return out
         mark()
-        return regular(module, *args, **kwargs)
+        with self.scope():
+            return regular(module, *args, **kwargs)
 
     def takes(self, module: nn.Module, args: tuple, kwargs: dict) -> bool | None:
         """Whether ``call`` runs this region call without a trace: True (a variant accepts
@@ -266,8 +281,9 @@ class Precompiled:
         """The first variant whose guards accept this call (loading the saved ones once)."""
         variants = self.regions.get(key)
         if variants is None:
+            with self.scope():  # (torch writes what it loads into the inductor cache folder)
+                self._unused[key] = self._load_saved(key)
             variants = self.regions[key] = []
-            self._unused[key] = self._load_saved(key)
         for region in variants:
             if region.accepts(module, args, kwargs):
                 return region
@@ -305,7 +321,8 @@ class Precompiled:
                      "tracing another", key, taken, first.rejection(module, args, kwargs))
         mark()
         try:
-            region = capture(module, args, kwargs, self.compile_kwargs)
+            with self.scope():
+                region = capture(module, args, kwargs, self.compile_kwargs)
         except Exception as exc:  # noqa: BLE001 - graph break, unsaved guard, ...: regular path
             self.regular.add(key)
             log.info("AOT compile of %s not possible (%s: %s): the regular torch.compile path "
@@ -315,7 +332,8 @@ class Precompiled:
         self.captured += 1
         name = _variant_name(key, self._free_slot(key))
         self._in_use.add(name)
-        self._save_checked(region, name, module, args, kwargs)
+        with self.scope():
+            self._save_checked(region, name, module, args, kwargs)
         variants.append(region)
         return region
 

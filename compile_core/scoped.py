@@ -7,10 +7,9 @@ bakes weights into the graph, so LoRA patches would be silently ignored.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import torch
 import torch._dynamo.config as dynamo_config
@@ -43,43 +42,90 @@ def _known(config_module, knobs: Mapping[str, object], label: str) -> dict:
     return out
 
 
-@contextlib.contextmanager
 def scoped_state(dynamo: Mapping[str, object] | None = None,
                  inductor: Mapping[str, object] | None = None,
                  env: Mapping[str, str] | None = None,
-                 fx: Mapping[str, object] | None = None, headers: str | None = None) -> Iterator[None]:
+                 fx: Mapping[str, object] | None = None, headers: str | None = None) -> "_Active":
     """Apply dynamo/inductor/fx knobs and env vars (and, with ``headers``, the folder of
     inductor's precompiled C++ headers) inside the block; restore all of them after."""
-    knobs = ((dynamo_config, _known(dynamo_config, dynamo or {}, "torch._dynamo.config")),
-             (fx_config, _known(fx_config, fx or {}, "torch.fx.experimental._config")),
-             (inductor_config, _known(inductor_config, {**(inductor or {}), **ALWAYS_INDUCTOR},
-                                      "torch._inductor.config")))
-    # torch itself sets the cache-dir variables when they are unset (inductor's cache_dir(),
-    # Triton's autotuner), so they are restored even when this scope does not set them
-    saved_env = {k: os.environ.get(k) for k in {*(env or {}), *_CACHE_DIR_VARS}}
-    moves_cache = any(saved_env.get(k) != v for k, v in (env or {}).items() if k in _CACHE_DIR_VARS)
-    prior: list = []
-    try:
-        os.environ.update(env or {})
-        if moves_cache:
-            _clear_inductor_caches()
-        for config_module, values in knobs:
-            _set_knobs(config_module, values, prior)
-        with torch_compat.precompiled_header_dir(headers):
-            yield
-    finally:
-        for config_module, name, value in reversed(prior):
+    return Scope(dynamo, inductor, env, fx, headers).active()
+
+
+class Scope:
+    """``scoped_state``'s arguments worked out once: the knobs this torch has (one warning
+    for each it lacks), the environment, the header folder. A model's scope is entered on
+    every model call (``active``), and working these out each time cost about a fifth of
+    the scope's time. Holds no per-entry state, so threads may enter one scope at once."""
+
+    __slots__ = ("kwargs", "knobs", "env", "env_keys", "headers")
+
+    def __init__(self, dynamo: Mapping[str, object] | None = None,
+                 inductor: Mapping[str, object] | None = None,
+                 env: Mapping[str, str] | None = None,
+                 fx: Mapping[str, object] | None = None, headers: str | None = None):
+        self.kwargs = {"dynamo": dynamo, "inductor": inductor, "env": env, "fx": fx, "headers": headers}
+        self.knobs = tuple((module, name, value) for module, values in (
+            (dynamo_config, _known(dynamo_config, dynamo or {}, "torch._dynamo.config")),
+            (fx_config, _known(fx_config, fx or {}, "torch.fx.experimental._config")),
+            (inductor_config, _known(inductor_config, {**(inductor or {}), **ALWAYS_INDUCTOR},
+                                     "torch._inductor.config"))) for name, value in values.items())
+        self.env = dict(env or {})
+        # torch itself sets the cache-dir variables when they are unset (inductor's cache_dir(),
+        # Triton's autotuner), so they are restored even when this scope does not set them
+        self.env_keys = tuple({*self.env, *_CACHE_DIR_VARS})
+        self.headers = headers
+
+    def active(self) -> "_Active":
+        """A context manager that applies this scope for one ``with`` block."""
+        return _Active(self)
+
+
+class _Active:
+    """One entry of a ``Scope``: what it changed, put back on exit (also after an error)."""
+
+    __slots__ = ("scope", "saved_env", "moves_cache", "prior", "headers")
+
+    def __init__(self, scope: Scope):
+        self.scope = scope
+
+    def __enter__(self) -> None:
+        scope, environ = self.scope, os.environ
+        self.saved_env = saved = {k: environ.get(k) for k in scope.env_keys}
+        self.moves_cache = any(saved.get(k) != v for k, v in scope.env.items() if k in _CACHE_DIR_VARS)
+        self.prior, self.headers = [], None
+        try:
+            environ.update(scope.env)
+            if self.moves_cache:
+                _clear_inductor_caches()
+            _set_knobs(scope.knobs, self.prior)
+            if scope.headers:
+                self.headers = torch_compat.precompiled_header_dir(scope.headers)
+                self.headers.__enter__()
+        except BaseException:
+            self._restore()
+            raise
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            if self.headers is not None:
+                self.headers.__exit__(*exc)
+        finally:
+            self._restore()
+        return False
+
+    def _restore(self) -> None:
+        for config_module, name, value in reversed(self.prior):
             setattr(config_module, name, value)
-        _restore_env(saved_env)
-        if moves_cache:
+        _restore_env(self.saved_env)
+        if self.moves_cache:
             _clear_inductor_caches()
 
 
-def _set_knobs(config_module, values: Mapping[str, object], prior: list) -> None:
+def _set_knobs(knobs, prior: list) -> None:
     """Set the knobs whose value differs, recording (module, name, old value) in ``prior`` as it
     goes. This is what torch's ``config.patch`` does on enter and exit, without the class it
     builds per call (about 30 us each, three per model call)."""
-    for name, value in values.items():
+    for config_module, name, value in knobs:
         old = getattr(config_module, name)
         if old is value or (type(old) is type(value) and old == value):
             continue

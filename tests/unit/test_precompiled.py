@@ -6,7 +6,9 @@ The cross-process tests run real inductor compiles of a small module-level block
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -156,6 +158,36 @@ def test_an_attention_override_that_changes_is_never_run_stale(tmp_path, pack_lo
 
 
 @pytest.mark.slow
+def test_a_trace_after_the_first_compile_still_runs_in_the_run_scope(tmp_path, monkeypatch):
+    """After the first compile the engine leaves the run's scope to the saved regions: a
+    variant traced later (here for a new attention override) still gets the run's knobs and
+    its cache folder, as the first one did, and the output follows eager."""
+    import torch._dynamo.config as dynamo_config
+    seen, real = [], precompiled.capture
+
+    def recording(*args, **kwargs):
+        seen.append((os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""),
+                     getattr(dynamo_config, torch_compat.recompile_limit_knob())))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(precompiled, "capture", recording)
+    model, settings = tiny.build(), _settings()
+    x, t = tiny.inputs(1, 6)
+    outside = getattr(dynamo_config, torch_compat.recompile_limit_knob())
+    with torch.no_grad():
+        cm = engine.prepare(model, settings, persistent=PersistentCache(tmp_path))
+        for override in (None, None, tiny.halved):
+            opts = {"optimized_attention_override": override} if override else {}
+            ref = model(x, t, opts)
+            got = cm.run(model, lambda: model(x, t, opts), x.device)
+            assert float((got - ref).norm() / ref.norm()) < 1e-5, override
+    assert cm.entry.precompiled.captured == 2 and len(seen) == 2
+    assert settings.cache_size_limit != outside
+    for folder, limit in seen:
+        assert folder.startswith(str(tmp_path)) and limit == settings.cache_size_limit, seen
+    assert getattr(dynamo_config, torch_compat.recompile_limit_knob()) == outside
+
+
+@pytest.mark.slow
 def test_an_override_is_checked_after_a_restart_too(tmp_path):
     """A restarted process loads the variant saved for the same override without a trace, and
     traces a new one for another override, whose output follows it."""
@@ -281,6 +313,45 @@ def test_a_call_takes_checked_ahead_runs_its_guards_once(tmp_path):
     assert fake.checks == 4
 
 
+class CountingScope:
+    """The run's scope as the saved regions see it (``begin_run(scope=)``): counts entries."""
+    def __init__(self):
+        self.entered = 0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.entered += 1
+        yield
+
+
+def test_the_saved_regions_enter_the_run_scope_only_where_it_is_needed(tmp_path):
+    """Loading, a region's first call and the regular path run in the run's scope (its knobs
+    and cache folders); a later call a saved region takes enters no scope at all."""
+    fast, blocks, fake = precompiled.Precompiled(tmp_path, {}), list(tiny.build().blocks), CountingRegion()
+    scope = CountingScope()
+    fast.begin_run(blocks, torch.device("cpu"), scope=scope)
+    args, kwargs = (torch.randn(2, 4, 32),), {}
+    key = fast._keys[id(blocks[0])]
+    assert fast.takes(blocks[0], args, kwargs) is False and scope.entered == 1  # looked for saved files
+    fast.regions[key] = [precompiled._Region(fake, precompiled.GlobalChecks.capture([], {}),
+                                             precompiled.LocalChecks([], []))]
+
+    def regular(module, *a, **k):
+        assert scope.entered == entered_before + 1, "the regular path runs inside the scope"
+        return "regular"
+    assert fast.call(blocks[0], args, kwargs, lambda: None, regular) is args[0] and scope.entered == 2
+    for _ in range(3):
+        assert fast.call(blocks[1], args, kwargs, lambda: None, regular) is args[0]
+    assert scope.entered == 2  # (blocks share the key: the region ran once already)
+    fast.regular.add(key)  # e.g. its code changed: the regular path takes the region
+    entered_before = scope.entered
+    assert fast.call(blocks[0], args, kwargs, lambda: None, regular) == "regular"
+    assert scope.entered == 3
+    fast.begin_run(blocks, torch.device("cpu"))  # a caller that entered the scope itself
+    fast.call(blocks[0], args, kwargs, lambda: None, lambda *a, **k: None)
+    assert scope.entered == 3
+
+
 class RecordingPrecompiled:
     """FAKE saved-region store: records ``begin_run``'s ``keep_keys``; every call goes the
     regular way."""
@@ -289,7 +360,7 @@ class RecordingPrecompiled:
     def __init__(self):
         self.keep = []
 
-    def begin_run(self, modules, device, keep_keys=False):
+    def begin_run(self, modules, device, keep_keys=False, scope=None):
         self.keep.append(keep_keys)
 
     def call(self, module, args, kwargs, mark, regular):

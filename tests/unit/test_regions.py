@@ -434,6 +434,6 @@ def test_family_dynamo_knobs_reach_the_run_scope_of_that_family_only():
     model = make_family("M", blocks=lambda: nn.ModuleList(_blk() for _ in range(2)))()
     for family in ("HiDreamImageTransformer2DModel", "NextDiT"):
         cm = engine.prepare(model, settings(), plan=RegionPlan(("blocks.0", "blocks.1"), family))
-        dynamo = cm._scope(False)[0]["dynamo"]
+        dynamo = cm._scope(False)[0].kwargs["dynamo"]
         want = FAMILY_DYNAMO_KNOBS.get(family, {"capture_scalar_outputs": None})
         assert all(dynamo.get(k) == v for k, v in want.items()), dynamo
