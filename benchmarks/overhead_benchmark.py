@@ -11,6 +11,7 @@ compiled code. Three measurements:
   inputs, the saved-region lookups and checks) less the region call inside it. The model's own
   time and its noise are not part of the figure. The pack's code runs between the model's
   ops, as it does for a user, so with cold CPU caches: about 3x its cost in a warm loop.
+  The two paths take turns, one model call each, so a noisy spell hits both alike.
 - ``regular``, ``saved`` (replayed, warm): the block calls of one model call are replayed with
   every region an identity, against ``core``, the same block calls dispatched as a compiled
   module does (``_compiled_call_impl``). ``weight routing``, ``scoped_state``, ``attached``:
@@ -212,33 +213,60 @@ def in_model_call_rows(pack, model, call, calls: int, tmp: Path) -> dict:
     block hook less the region call inside it. Measured inside the call, so the model's own
     time and its noise are not part of the figure; the pack's code runs as it does for a
     user, between the model's ops (with cold CPU caches, which roughly triples its cost
-    against a warm loop). The clocks add about 0.5 us per block."""
+    against a warm loop). The clocks add about 0.5 us per block. The paths take turns, one
+    model call each in a shuffled order, so a noisy spell of the machine hits both."""
+    import contextlib
     import torch.nn as nn
     shapes, bridge = pack("compile_core.shapes"), pack("nodes.comfy_bridge")
     cpu = next(model.parameters()).device
-    rows, made = {}, shapes.shaped_call
-    for name, root in (("in a model call, regular", None), ("in a model call, saved", tmp / "in-call")):
-        inner, hooks, model_call, outer = _Clock(), _Clock(), _Clock(), _Clock()
-        cm = compiled_model(pack, model, root, compiled=inner.wrap(nn.Module._call_impl))
-        run = outer.wrap(lambda: bridge._run(cm, model, model_call.wrap(call), cpu))
-        shapes.shaped_call = lambda *a, **k: hooks.wrap(made(*a, **k))
-        per_call, around = [], []
-        try:
-            with cm.sampling_run():
-                for i in range(calls + 20):
-                    before = (outer.ns, model_call.ns, hooks.ns, inner.ns)
-                    run()
-                    after = (outer.ns, model_call.ns, hooks.ns, inner.ns)
-                    d = [a - b for a, b in zip(after, before)]
-                    if i >= 20:  # (warm-up calls)
-                        per_call.append((d[0] - d[1]) + (d[2] - d[3]))
-                        around.append(d[0] - d[1])
-        finally:
-            shapes.shaped_call = made
-        rows[name] = {"overhead_ms": statistics.median(per_call) / 1e6,
-                      "around_the_call_ms": statistics.median(around) / 1e6,
-                      "p90_ms": sorted(per_call)[int(0.9 * len(per_call))] / 1e6}
-    return rows
+    made = shapes.shaped_call
+    paths = {name: _InCallPath(pack, bridge, model, call, cpu, root, nn.Module._call_impl)
+             for name, root in (("in a model call, regular", None), ("in a model call, saved", tmp / "in-call"))}
+    try:
+        with contextlib.ExitStack() as runs:
+            for path in paths.values():
+                runs.enter_context(path.cm.sampling_run())
+            order = list(paths.values())
+            for i in range(calls + 20):
+                random.shuffle(order)
+                for path in order:
+                    shapes.shaped_call = path.hooked(made)
+                    path.measure(keep=i >= 20)  # (the first 20: warm-up calls)
+    finally:
+        shapes.shaped_call = made
+    return {name: path.row() for name, path in paths.items()}
+
+
+class _InCallPath:
+    """One path of ``in_model_call_rows``: its compiled model and its four clocks."""
+
+    def __init__(self, pack, bridge, model, call, cpu, root, region_call):
+        self.inner, self.hooks, self.model_call, self.outer = _Clock(), _Clock(), _Clock(), _Clock()
+        self.cm = compiled_model(pack, model, root, compiled=self.inner.wrap(region_call))
+        wrapped = self.model_call.wrap(call)
+        self.run = self.outer.wrap(lambda: bridge._run(self.cm, model, wrapped, cpu))
+        self.per_call, self.around = [], []
+
+    def hooked(self, made):
+        hooks = self.hooks
+
+        def shaped_call(*args, **kwargs):
+            return hooks.wrap(made(*args, **kwargs))
+        return shaped_call
+
+    def measure(self, keep: bool) -> None:
+        clocks = (self.outer, self.model_call, self.hooks, self.inner)
+        before = [c.ns for c in clocks]
+        self.run()
+        d = [c.ns - b for c, b in zip(clocks, before)]
+        if keep:
+            self.per_call.append((d[0] - d[1]) + (d[2] - d[3]))
+            self.around.append(d[0] - d[1])
+
+    def row(self) -> dict:
+        return {"overhead_ms": statistics.median(self.per_call) / 1e6,
+                "around_the_call_ms": statistics.median(self.around) / 1e6,
+                "p90_ms": sorted(self.per_call)[int(0.9 * len(self.per_call))] / 1e6}
 
 
 def full_model_rows(pack, model, call, rounds: int, tmp: Path) -> dict:
@@ -273,7 +301,8 @@ def markdown(result: dict) -> list[str]:
              f"Command: `{m['command']}`", "",
              f"Tiny WAN 2.1, {result['blocks']} blocks, the settings node's defaults (mode speed), "
              f"through the bridge. Target: <= {TARGET_MS} ms.", "",
-             f"## In real model calls ({result['full_rounds']} calls, medians)", "",
+             f"## In real model calls ({result['full_rounds'] or 300} calls per path, the paths taking "
+             "turns; medians)", "",
              "| path | the pack's time per model call, ms | of it around the model call | p90 |",
              "|---|---|---|---|"]
     for name, r in in_call.items():
