@@ -39,6 +39,9 @@ from background_benchmark import write_out  # noqa: E402
 from overhead_benchmark import interleaved, load_pack  # noqa: E402
 
 VARIANTS = ("eager", "core", "torch regional", "ours", "ours whole")
+# --whole-split: where the whole model through the pack differs from core (mode, batch marks)
+WHOLE_SPLIT = {"ours whole, mode default": {"mode": "default"},
+               "ours whole, static shapes": {"shape_policy": "static"}}
 
 
 def build(dim: int, blocks: int):
@@ -69,20 +72,21 @@ def compiled_call(variant: str, model, inputs: tuple):
     if variant.startswith("ours"):
         pack = load_pack()
         engine, s = pack("compile_core.engine"), pack("compile_core.settings")
-        extra = {"compile_transformer_blocks_only": False} if variant == "ours whole" else {}
-        settings = s.CompileSettings.from_args(s.build_compile_args(mode="speed", **extra))
+        extra = {"compile_transformer_blocks_only": False} if variant.startswith("ours whole") else {}
+        settings = s.CompileSettings.from_args(s.build_compile_args(**{"mode": "speed", **extra,
+                                                                       **WHOLE_SPLIT.get(variant, {})}))
         cm = engine.prepare(model, settings, pack("compile_core.registry").ReuseRegistry())
         return lambda: cm.run(model, call, x.device)
     return call
 
 
-def measure(dim: int, blocks: int, rounds: int) -> dict:
+def measure(dim: int, blocks: int, rounds: int, variants: tuple = VARIANTS) -> dict:
     import torch
     from torch._dynamo.utils import counters
     inputs = (torch.randn(2, 16, 2, 16, 16), torch.tensor([500.0, 500.0]), torch.randn(2, 512, 4096))
     calls, rows = {}, {}
     with torch.no_grad():
-        for v in VARIANTS:
+        for v in variants:
             graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
             calls[v] = compiled_call(v, build(dim, blocks), inputs)
             out = calls[v]()
@@ -124,13 +128,16 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--whole-split", action="store_true",
+                    help="also the whole model through the pack in mode default, and with static shapes")
     args = ap.parse_args()
     info = machine_info(sys.argv)
     scratch = tempfile.mkdtemp(prefix="tcs-regional-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch  # cold compiles, nothing left behind
     try:
         _comfy_import_setup("--use-pytorch-cross-attention")
-        rows = measure(args.dim, args.blocks, args.rounds)
+        rows = measure(args.dim, args.blocks, args.rounds,
+                       VARIANTS + (tuple(WHOLE_SPLIT) if args.whole_split else ()))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result = {"dim": args.dim, "blocks": args.blocks, "rounds": args.rounds, "rows": rows, "machine": info}
