@@ -57,13 +57,12 @@ class Scope:
     every model call (``active``), and working these out each time cost about a fifth of
     the scope's time. Holds no per-entry state, so threads may enter one scope at once."""
 
-    __slots__ = ("kwargs", "knobs", "env", "env_keys", "headers")
+    __slots__ = ("knobs", "env", "env_keys", "headers")
 
     def __init__(self, dynamo: Mapping[str, object] | None = None,
                  inductor: Mapping[str, object] | None = None,
                  env: Mapping[str, str] | None = None,
                  fx: Mapping[str, object] | None = None, headers: str | None = None):
-        self.kwargs = {"dynamo": dynamo, "inductor": inductor, "env": env, "fx": fx, "headers": headers}
         self.knobs = tuple((module, name, value) for module, values in (
             (dynamo_config, _known(dynamo_config, dynamo or {}, "torch._dynamo.config")),
             (fx_config, _known(fx_config, fx or {}, "torch.fx.experimental._config")),
