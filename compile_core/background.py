@@ -12,6 +12,13 @@ others wait for it (``wait_idle``). Each job runs in a copy of the submitting th
 ``contextvars`` context: torch 2.13 keeps config overrides in context variables, so a plain
 thread would not see the caller's settings. The job applies the caller's grad and inference
 modes (thread-local) too, so its graphs' guards hold on the main thread.
+
+A job may be *held* (``submit(..., hold=True)``): the engine holds the compile of a model that
+runs on the CPU during a sampling run, because there the compile and the model share the same
+cores and compiling beside the run only slows it down (``benchmarks/results/background_cpu.md``).
+A held job starts once its run is over (``Job.run_over``) and the host is idle
+(``set_idle_check``; ComfyUI: no prompt running or queued), when the next sampling run begins
+(``release_held``), or when someone waits for the worker (``wait_idle``).
 """
 from __future__ import annotations
 
@@ -37,8 +44,12 @@ _ENV_LOCK = threading.RLock()
 class Job:
     """One queued compile: ``fn`` runs on the worker; ``done`` is set after, also on error."""
 
-    def __init__(self, fn: Callable[[], None], label: str):
+    def __init__(self, fn: Callable[[], None], label: str, hold: bool = False):
         self.fn, self.label = fn, label
+        self.released = threading.Event()  # the worker may start it (see ``hold``)
+        if not hold:
+            self.released.set()
+        self.run_over = False  # a held job's sampling run has ended: start once the host is idle
         self.context = contextvars.copy_context()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -68,10 +79,13 @@ class _Worker:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
+        self._jobs: list[Job] = []  # queued or running, in order
+        self._running = False
 
     def submit(self, job: Job) -> Job:
         with self._lock:
             self._pending += 1
+            self._jobs.append(job)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="tcs-background-compile",
                                                 daemon=True)
@@ -82,7 +96,17 @@ class _Worker:
     def busy(self) -> bool:
         return self._pending > 0
 
+    def running(self) -> bool:
+        """A job is compiling now (not only queued or held)."""
+        return self._running
+
+    def release_all(self) -> None:
+        with self._lock:
+            for job in self._jobs:
+                job.released.set()
+
     def wait_idle(self, timeout: float | None = None) -> bool:
+        self.release_all()  # whoever waits needs the held jobs done now
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
@@ -91,14 +115,53 @@ class _Worker:
         # from a busy main thread; measured: a 25 s compile did not finish in 80 s)
         while True:
             job = self._queue.get()
-            with short_gil_turns():
-                job._run()
-            with self._idle:
-                self._pending -= 1
-                self._idle.notify_all()
+            _wait_for_release(job)
+            self._running = True
+            try:
+                with short_gil_turns():
+                    job._run()
+            finally:
+                self._running = False
+                with self._idle:
+                    self._pending -= 1
+                    self._jobs.remove(job)
+                    self._idle.notify_all()
 
 
 WORKER = _Worker()
+RELEASE_POLL = 0.1  # s: how often a held job whose run is over asks whether the host is idle
+_IDLE_CHECK: list[Callable[[], bool]] = [lambda: True]
+
+
+def set_idle_check(check: Callable[[], bool]) -> None:
+    """The host's "nothing is running or queued" test, for held jobs (default: always idle)."""
+    _IDLE_CHECK[0] = check
+
+
+def _host_idle() -> bool:
+    try:
+        return bool(_IDLE_CHECK[0]())
+    except Exception as exc:  # noqa: BLE001 - a broken check must not hold a compile forever
+        log.warn_once("bg-idle-check", "could not tell whether the server is idle (%s: %s); a "
+                      "compile held until then starts now", type(exc).__name__, exc)
+        return True
+
+
+def _wait_for_release(job: Job) -> None:
+    """Until ``job`` may start: released, or its run is over and the host is idle."""
+    while not job.released.wait(RELEASE_POLL):
+        if job.run_over and _host_idle():
+            log.info("the sampling run is over and the server is idle: compiling %s in the "
+                     "background now", job.label)
+            return
+
+
+def release_held() -> None:
+    """Let every held job start (a new sampling run begins: a queue of prompts would otherwise
+    hold them until it is empty)."""
+    WORKER.release_all()
+
+
 SWITCH_INTERVAL = 0.0005  # s, while a job runs (Python's default is 0.005)
 
 
@@ -120,9 +183,9 @@ def short_gil_turns() -> Iterator[None]:
             sys.setswitchinterval(before)
 
 
-def submit(fn: Callable[[], None], label: str) -> Job:
-    """Queue ``fn`` on the worker, in a copy of the caller's context."""
-    return WORKER.submit(Job(fn, label))
+def submit(fn: Callable[[], None], label: str, hold: bool = False) -> Job:
+    """Queue ``fn`` on the worker, in a copy of the caller's context (``hold``: see above)."""
+    return WORKER.submit(Job(fn, label, hold))
 
 
 def busy() -> bool:
@@ -195,14 +258,15 @@ def _wait_for_unpatched_call(timeout: float = 2.0) -> None:
 
 @contextlib.contextmanager
 def _core_for_worker(device: torch.device | None) -> Iterator[None]:
-    """Leave one core to the worker while a CPU model runs beside it: with every core taken by
+    """Leave one core to the worker while a CPU model runs beside its compile (not beside a
+    queued or held job, which uses no core): with every core taken by
     the eager step's intra-op threads, the two oversubscribe the CPU (measured on 2 cores, a
     tiny WAN step beside a compile: 3.5-4.4x its time alone with 2 threads, 2.3-2.7x with 1,
     and the compile finished sooner). ``torch.set_num_threads`` holds for the calling thread's
     OpenMP pool, so the count is set on this thread and put back after the call. GPU models
     (their steps barely use the CPU's threads) are left alone."""
     n = torch.get_num_threads()
-    if device is None or device.type != "cpu" or n < 2:
+    if device is None or device.type != "cpu" or n < 2 or not WORKER.running():
         yield
         return
     torch.set_num_threads(n - 1)

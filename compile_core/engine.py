@@ -197,10 +197,14 @@ class CompiledModel:
         its model calls (ComfyUI patches modules when it loads the model, before the first
         one), so what depends only on the module structure is worked out once per run."""
         outer, self._sampling_run = self._sampling_run, 1
+        if not outer:
+            background.release_held()  # a previous run's held compile may start beside this one
         try:
             yield
         finally:
             self._sampling_run = outer
+            if not outer and self._job is not None:
+                self._job.run_over = True  # held (CPU): it starts once the host is idle
 
     def mark_warmed(self) -> None:
         """Kernels are being warmed elsewhere (compile-ahead): skip the first-call PTX warm-up."""
@@ -366,12 +370,21 @@ class CompiledModel:
         return out
 
     def _queue(self, captured: list, device: torch.device, what: str) -> None:
-        """Queue the compile of ``captured`` on the worker (this call ran them eagerly)."""
-        torch_compat.warm_fx_tracers()
+        """Queue the compile of ``captured`` on the worker (this call ran them eagerly). In a
+        sampling run of a CPU model it is held until the run is over (see ``background``)."""
+        fast = self._precompiled()
+        hold = device.type == "cpu" and self._sampling_run > 0 \
+            and not (fast and fast.saved([c.module for c in captured], device))
+        if not hold:  # before the worker starts (a held job does it there, after the run)
+            torch_compat.warm_fx_tracers()
         self._job = background.submit(
             functools.partial(self._compile_captured, captured, device, self._worker_context),
-            self.description)
+            self.description, hold=hold)
         self._job.eager_calls, self._job.what, self.changed = 1, what, True
+        if hold:
+            log.info("%s runs on the CPU, whose cores its eager steps use: its background "
+                     "compile starts once this sampling run is over (when the server is idle, or "
+                     "when the next sampling run begins)", self.description)
 
     def _miss_probe(self) -> "new_shapes.EagerOnMiss | None":
         """In background mode, once compiled: a region call no graph takes runs eagerly and
@@ -389,6 +402,7 @@ class CompiledModel:
         """On the worker: compile each captured region by calling it, compiled, on its inputs
         (the same scope, shapes, saved regions and caches as a foreground compile), inside
         ``context()``. Returns the number of graphs it compiled, traced or loaded."""
+        torch_compat.warm_fx_tracers()  # (cached: a no-op unless the job was held)
         scope, _ = self._scope(device.type == "cuda")
         modules = [c.module for c in captured]
         p = self._begin_compile(modules, device)

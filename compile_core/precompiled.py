@@ -232,6 +232,10 @@ class Precompiled:
             if why:
                 self._give_up(key, f"{why} since it was traced")
 
+    def saved(self, modules: list[nn.Module], device: torch.device) -> bool:
+        """Every region of ``modules`` has a saved file on ``device`` (loading it is quick)."""
+        return all((self.dir / f"{region_key(m)}-{device.type}.bin").is_file() for m in modules)
+
     def _give_up(self, key: str, why: str) -> None:
         self.regions.pop(key, None)
         self._unused.pop(key, None)

@@ -255,25 +255,45 @@ def warm(manifest: dict) -> dict:
             "seconds": round(time.perf_counter() - start, 2)}
 
 
+def warm_base() -> float:
+    """What the first compile of any model in a new process pays before its own work, known
+    without a manifest: importing torch's compile entry (``torch.compile`` with inductor
+    imports ``torch._inductor.compile_fx``: 0.7-1.3 s here) and the pack's probes of what this
+    torch can do (``torch_compat.features``: tiny compiles, cached for the process, 0.9 s).
+    Returns the seconds it took (never raises)."""
+    start = time.perf_counter()
+    try:
+        import torch._inductor.compile_fx  # noqa: F401
+        if not _stop.is_set():
+            from . import torch_compat
+            torch_compat.features()
+    except Exception as exc:  # noqa: BLE001 - only an optimisation: the compile does it itself
+        log.info("compiler prewarm stopped early: %s", exc)
+    return time.perf_counter() - start
+
+
 def start(root: Path | None, shared: Callable[[], dict | None] | None = None) -> bool:
-    """Start the background warm-up if enabled and this server has compiled before, or (a new
-    fleet worker) ``shared`` returns the manifest another worker published (``shared`` may
-    also prefetch that worker's entries into this cache and name one as ``isa_dir``)."""
+    """Start the background warm-up (once per process) if enabled: ``warm_base``, then the
+    manifest if this server has compiled before, or (a new fleet worker) the one ``shared``
+    returns, published by another worker (``shared`` may also prefetch that worker's entries
+    into this cache and name one as ``isa_dir``)."""
     global _thread
-    if root is None or not enabled():
+    if not enabled():
         return False
-    root = Path(root)
-    local = read_manifest(root)
-    if not local and shared is None:
-        return False
+    root = Path(root) if root is not None else None
+    local = read_manifest(root) if root is not None else {}
 
     def run():
         manifest = local
-        if not manifest:
+        if not manifest and shared is not None and root is not None:
             manifest = clean(shared())  # store I/O (bounded timeout) stays off the start-up path
-            if not manifest:
-                return
-            record(root, manifest["modules"], manifest["files"], manifest["isa_dir"])
+            if manifest:
+                record(root, manifest["modules"], manifest["files"], manifest["isa_dir"])
+        base = warm_base()
+        if not manifest:
+            log.info("warmed torch's compile entry and this torch's feature probes in the "
+                     "background in %.1f s", base)
+            return
         if manifest.get("isa_dir") and not Path(manifest["isa_dir"]).resolve().is_relative_to(
                 root.resolve()):
             manifest["isa_dir"] = None  # only ever a dir of this cache

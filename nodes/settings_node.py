@@ -46,7 +46,9 @@ _TIPS = {
                           "run goes on eagerly; the "
                           "compiled blocks are swapped in at the next step once ready (the badge "
                           "says 'compiling in the background'). On CUDA the background compile "
-                          "uses mode 'default' (no autotuning next to the running model).",
+                          "uses mode 'default' (no autotuning next to the running model). A model "
+                          "on the CPU compiles once its sampling run is over (beside the run it "
+                          "would share the run's cores).",
 }
 
 

@@ -71,6 +71,34 @@ def test_background_compile_swaps_in_mid_run(host, tiny_wan, eager_ref):
     assert rel_l2(host.latent(hist2), eager_ref) < 1e-3
 
 
+def test_a_cpu_models_compile_waits_for_the_end_of_the_run_and_the_next_run_is_compiled(
+        host, tiny_wan, eager_ref):
+    """No waiter: on the CPU the first run stays eager from its first step to its last (a
+    compile beside it would share its cores), the compile starts once the prompt is done and
+    the server idle, and the next run is compiled from its first step."""
+    settings = {**BG, "reuse_if_similar": False}  # not the graphs an earlier test compiled
+    offset = host.log_offset()
+    hist = host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
+                                                prefix="held"), call=1000))
+    deadline = time.monotonic() + 300
+    while not pack_lines(host.log_text(since=offset), "in the background: ") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = host.log_text(since=offset)
+    assert rel_l2(host.latent(hist), eager_ref) < 1e-3
+    assert _calls(log) == {n: 0 for n in range(1, STEPS + 1)}, log  # eager throughout
+    assert len(pack_lines(log, "compile starts once this sampling run is over")) == 1, log
+    idle = log.index("the sampling run is over and the server is idle")
+    assert idle > log.index(f"TCSTest: call {STEPS} ") and idle < log.index("in the background: "), log
+
+    offset = host.log_offset()
+    hist2 = host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
+                                                 prefix="held_next"), call=1000))
+    log2 = host.log_text(since=offset)
+    assert _calls(log2) == {n: 2 for n in range(1, STEPS + 1)}, log2  # compiled from the first step
+    assert len(pack_lines(log2, f"swapped in at model call {STEPS + 1} ({STEPS} call(s) ran eagerly")) == 1, log2
+    assert rel_l2(host.latent(hist2), eager_ref) < 1e-3
+
+
 def test_cancel_during_background_compile_then_next_prompt_completes(host, tiny_wan, eager_ref):
     settings = {**BG, "backend": "tcs_test_slow_backend"}  # the compile takes >= 4 s
     p = wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS, prefix="cancel_bg")

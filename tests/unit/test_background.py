@@ -1,6 +1,7 @@
 """Issue #16: compile in a worker thread while the model runs eagerly, then swap at a call."""
 import contextlib
 import threading
+import time
 
 import pytest
 import torch
@@ -185,15 +186,24 @@ def test_eager_beside_worker_raises_the_models_own_errors():
 
 @pytest.mark.parametrize("device,fewer", [("cpu", True), ("cuda", False), (None, False)])
 def test_a_cpu_step_beside_the_worker_leaves_it_one_core(device, fewer):
-    """The eager step's intra-op threads on this thread are one fewer during the call (CPU
-    models only) and back to the caller's count afterwards, also when the call raises."""
+    """The eager step's intra-op threads on this thread are one fewer during the call while the
+    worker compiles (CPU models only), all of them beside a held job, and back to the caller's
+    count afterwards, also when the call raises."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    started, gate = threading.Event(), threading.Event()
+    held = background.submit(lambda: None, "held", hold=True)
     try:
         seen = []
         dev = torch.device(device) if device else None
         background.eager_beside_worker(lambda: seen.append(torch.get_num_threads()), dev)
-        assert seen == [1 if fewer else 2]
+        assert seen == [2]  # a held job compiles nothing yet
+        held.released.set()
+        assert held.done.wait(60)
+        background.submit(lambda: (started.set(), gate.wait(60)), "running")
+        assert started.wait(60)
+        background.eager_beside_worker(lambda: seen.append(torch.get_num_threads()), dev)
+        assert seen == [2, 1 if fewer else 2]
         assert torch.get_num_threads() == 2
 
         def broken():
@@ -202,6 +212,9 @@ def test_a_cpu_step_beside_the_worker_leaves_it_one_core(device, fewer):
             background.eager_beside_worker(broken, dev)
         assert torch.get_num_threads() == 2
     finally:
+        gate.set()
+        held.released.set()
+        background.wait_idle(60)
         torch.set_num_threads(before)
 
 
@@ -287,3 +300,115 @@ def test_gil_turns_changed_by_someone_else_meanwhile_are_left_alone():
         assert sys.getswitchinterval() == pytest.approx(0.002)
     finally:
         sys.setswitchinterval(before)
+
+
+# --------------------------------------------------------------------------- held on the CPU
+
+
+@pytest.fixture
+def host_state(monkeypatch):
+    """The host's idle test, as the ComfyUI bridge installs it: busy until the test says."""
+    state = {"idle": False}
+    monkeypatch.setattr(background, "_IDLE_CHECK", [lambda: state["idle"]])
+    return state
+
+
+def test_a_cpu_models_compile_is_held_until_its_sampling_run_is_over(wan, wan_inputs, graph_count,
+                                                                      host_state, pack_log):
+    """On the CPU the compile would take the cores the run's eager steps use: it waits for the
+    end of the sampling run and an idle server; the next run swaps the regions in at once."""
+    model = wan.Model(n_blocks=3).eval()
+    x, t = wan_inputs()
+    ref = eager(model, x, t)
+    cm = engine.prepare(model, _bg())
+    g0 = graph_count()
+    with cm.sampling_run():
+        for _ in range(3):
+            torch.testing.assert_close(run(cm, model, x, t), ref)
+        time.sleep(3 * background.RELEASE_POLL)
+        assert not background.WORKER.running() and not cm._job.released.is_set()
+        assert graph_count() == g0 and cm._job.eager_calls == 3 and cm.compiling_in_background
+    time.sleep(3 * background.RELEASE_POLL)
+    assert not cm._job.done.is_set() and graph_count() == g0  # over, but the server is busy
+    host_state["idle"] = True
+    assert cm._job.done.wait(300) and background.wait_idle(300)
+    assert graph_count() - g0 == 1
+    with cm.sampling_run():
+        torch.testing.assert_close(run(cm, model, x, t), ref)
+    assert cm.swapped_at == 4 and cm.entry.graphs == 1
+    infos = "\n".join(pack_log.infos())
+    assert "compile starts once this sampling run is over" in infos
+    assert "the sampling run is over and the server is idle: compiling" in infos
+    assert "swapped in at model call 4 (3 call(s) ran eagerly meanwhile)" in infos
+
+
+def test_a_held_compile_starts_beside_the_next_sampling_run(wan, wan_inputs, graph_count, host_state):
+    """A queue of prompts keeps the server busy: the next sampling run releases the compile,
+    and that run's calls run eagerly beside it until it is done."""
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    ref = eager(model, x, t)
+    cm = engine.prepare(model, _bg())
+    with cm.sampling_run():
+        run(cm, model, x, t)
+    job = cm._job
+    assert not job.released.is_set()
+    with cm.sampling_run():
+        assert job.released.is_set()
+        assert job.done.wait(300) and background.wait_idle(300)
+        torch.testing.assert_close(run(cm, model, x, t), ref)
+    assert cm.swapped_at == 2 and cm.entry.graphs == 1
+
+
+def test_waiting_for_the_worker_releases_a_held_compile(wan, wan_inputs, host_state):
+    """Compile-ahead, the Diagnostics node or a model compiled in the foreground wait for the
+    worker: a held job must start then, not hold them until the server is idle."""
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, _bg())
+    with cm.sampling_run():
+        run(cm, model, x, t)
+        assert not cm._job.released.is_set()
+        assert background.wait_idle(300) and cm._job.done.is_set() and cm._job.error is None
+
+
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_a_gpu_models_compile_is_not_held(wan, wan_inputs, host_state, device, monkeypatch):
+    """On an accelerator the run barely uses the CPU: the compile starts beside it at once.
+    FAKE device: the captured regions are queued as a CUDA/MPS model's would be (the compile
+    itself is stopped before it starts, as none of these devices is here)."""
+    model = wan.Model(n_blocks=2).eval()
+    cm = engine.prepare(model, _bg())
+    gate = threading.Event()
+    monkeypatch.setattr(cm, "_compile_captured", lambda *a: gate.wait(60))
+    with cm.sampling_run():
+        cm._queue([], torch.device(device), "the first input")
+        assert cm._job.released.is_set()
+    gate.set()
+    assert background.wait_idle(60)
+
+
+def test_saved_regions_say_whether_every_region_has_a_file(tmp_path, wan):
+    from compile_core import precompiled
+    model = wan.Model(n_blocks=2).eval()
+    fast = precompiled.Precompiled(tmp_path, {})
+    blocks = list(model.blocks)
+    assert not fast.saved(blocks, CPU)
+    (tmp_path / f"{precompiled.region_key(blocks[0])}-cpu.bin").write_bytes(b"x")
+    assert fast.saved(blocks, CPU)  # identical blocks share one key
+    assert not fast.saved(blocks, torch.device("cuda"))
+    assert not fast.saved(blocks + [model.head], CPU)
+
+
+def test_a_broken_idle_check_starts_the_held_compile_with_one_warning(wan, wan_inputs, monkeypatch,
+                                                                       pack_log):
+    def broken():
+        raise RuntimeError("no prompt queue")
+    monkeypatch.setattr(background, "_IDLE_CHECK", [broken])
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, _bg())
+    with cm.sampling_run():
+        run(cm, model, x, t)
+    assert cm._job.done.wait(300)
+    assert [w for w in pack_log.warnings() if "could not tell whether the server is idle" in w]

@@ -102,23 +102,29 @@ def test_replay_imports_and_indexes_and_skips_what_is_gone(tmp_path):
     assert got["indexed"] == [functional]
 
 
-def test_background_start_only_with_a_manifest_and_not_when_disabled(tmp_path):
-    (tmp_path / "with").mkdir()
+@pytest.mark.parametrize("where,replayed", [("with", True), ("without", False), (None, False)])
+def test_one_warm_up_per_process_warms_the_base_and_replays_a_manifest_if_there_is_one(
+        tmp_path, where, replayed):
+    """Every server warms torch's compile entry and the pack's feature probes (what any first
+    compile pays); one that compiled before also replays its manifest. Off: nothing at all."""
+    for d in ("with", "without"):
+        (tmp_path / d).mkdir()
     (tmp_path / "with" / prewarm.MANIFEST).write_text(json.dumps(
-        {"modules": ["torch._inductor.compile_fx"], "files": []}))
+        {"modules": ["torch.utils.show_pickle"], "files": []}))  # a module the base never imports
+    root = repr(str(tmp_path / where)) if where else "None"
     code = f"""
         import json, sys
-        from compile_core import prewarm
-        started = [prewarm.start(None), prewarm.start({str(tmp_path)!r}),
-                   prewarm.start({str(tmp_path / "with")!r}), prewarm.start({str(tmp_path / "with")!r})]
+        from compile_core import prewarm, torch_compat
+        started = [prewarm.start({root}), prewarm.start({root})]
         prewarm.wait(finish=True)
-        print(json.dumps({{"started": started, "imported": "torch._inductor.compile_fx" in sys.modules}}))
+        print(json.dumps({{"started": started, "entry": "torch._inductor.compile_fx" in sys.modules,
+                          "probed": torch_compat.compile_works.cache_info().currsize == 1,
+                          "replayed": "torch.utils.show_pickle" in sys.modules}}))
     """
-    got = _child(code)
-    assert got["started"] == [False, False, True, False]  # one thread per process
-    assert got["imported"]
-    off = _child(code, {prewarm.ENV: "0"})
-    assert off["started"] == [False, False, False, False] and not off["imported"]
+    assert _child(code) == {"started": [True, False], "entry": True, "probed": True,  # once per process
+                            "replayed": replayed}
+    assert _child(code, {prewarm.ENV: "0"}) == {"started": [False, False], "entry": False,
+                                                "probed": False, "replayed": False}
 
 
 def test_a_new_fleet_worker_warms_from_the_shared_manifest_and_keeps_it(tmp_path):
@@ -213,7 +219,8 @@ def test_a_malformed_manifest_is_ignored_with_one_warning(tmp_path, monkeypatch,
     (tmp_path / prewarm.MANIFEST).write_bytes(content.encode("latin-1"))
     assert prewarm.clean(prewarm.read_manifest(tmp_path)) == prewarm.read_manifest(tmp_path)
     monkeypatch.setattr(prewarm, "_thread", None)
-    assert prewarm.start(tmp_path) is False  # nothing to replay: no thread, and no exception
+    assert prewarm.start(tmp_path) is True  # the base warm-up only, and no exception
+    prewarm.wait(finish=True)
     warnings = pack_log.warnings()
     assert len(warnings) == 1 and prewarm.MANIFEST in warnings[0], warnings
     # the next compile records a well-formed manifest over it: nothing else is lost
