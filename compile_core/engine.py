@@ -325,6 +325,11 @@ class CompiledModel:
     def compiling_in_background(self) -> bool:
         return self._job is not None and not self._job.done.is_set()
 
+    @property
+    def compile_held(self) -> bool:
+        """Its background compile waits for the end of the sampling run (a CPU model)."""
+        return self._job is not None and not self._job.released.is_set()
+
     @contextlib.contextmanager
     def foreground(self) -> Iterator[None]:
         """Compile on the calling thread inside the block (compile-ahead, Diagnostics): a

@@ -11,13 +11,16 @@ def remember_measurement(entry, fields: dict) -> None:
 
 
 def status_payload(compiled, node_id: str | None = None) -> dict:
-    """``state`` is one of: ``eager-fallback`` (compile failed), ``compiling-background`` (the
+    """``state`` is one of: ``eager-fallback`` (compile failed), ``background-after-run`` (a CPU
+    model runs eagerly; its compile starts once the run is over), ``compiling-background`` (the
     model runs eagerly while a worker thread compiles it), ``reused`` (compiled work found
     in this server), ``warm`` (compiled here from the persistent cache), ``cold`` (compiled from
     scratch), ``pending`` (not run yet)."""
     e = compiled.entry
     if e.failed:
         state = "eager-fallback"
+    elif getattr(compiled, "compile_held", False):
+        state = "background-after-run"
     elif getattr(compiled, "compiling_in_background", False):
         state = "compiling-background"
     elif compiled.reused:

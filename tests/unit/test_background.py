@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from compile_core import background, engine, torch_compat
+from compile_core.status import status_payload
 from tcs_engine_helpers import CPU, eager, run, settings
 
 
@@ -328,8 +329,10 @@ def test_a_cpu_models_compile_is_held_until_its_sampling_run_is_over(wan, wan_in
         time.sleep(3 * background.RELEASE_POLL)
         assert not background.WORKER.running() and not cm._job.released.is_set()
         assert graph_count() == g0 and cm._job.eager_calls == 3 and cm.compiling_in_background
+        assert status_payload(cm)["state"] == "background-after-run"
     time.sleep(3 * background.RELEASE_POLL)
     assert not cm._job.done.is_set() and graph_count() == g0  # over, but the server is busy
+    assert status_payload(cm)["state"] == "background-after-run"
     host_state["idle"] = True
     assert cm._job.done.wait(300) and background.wait_idle(300)
     assert graph_count() - g0 == 1

@@ -37,8 +37,14 @@ WAN_REQUIRED_KEYS = ("dynamo_cache_size_limit", "force_parameter_static_shapes",
 
 
 def _plain_counters():
-    """``torch._dynamo.utils.counters`` as a nested plain dict of ints (str keys)."""
+    """``torch._dynamo.utils.counters`` as a nested plain dict of ints (str keys), once the pack's
+    start-up warm-up is done (its feature probes compile tiny functions and put the counters
+    back after each: a snapshot taken meanwhile could count their graphs)."""
     from torch._dynamo.utils import counters
+    import sys
+    prewarm = next((m for n, m in sys.modules.items() if n.endswith("compile_core.prewarm")), None)
+    if prewarm is not None:
+        prewarm.wait(finish=True)
     return {str(k): {str(kk): int(vv) for kk, vv in v.items()} for k, v in counters.items()}
 
 
