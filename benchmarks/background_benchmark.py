@@ -131,7 +131,9 @@ def markdown(summary: dict, info: dict, args) -> str:
              f"Command: `{info['command']}`", "",
              f"Machine: {info['nproc']} cores, {info['cpu_model']}, torch {info['torch']}, "
              f"ComfyUI {info['comfyui']}, {info['date']}. Tiny WAN {args.blocks} blocks, dim 256, "
-             f"{args.steps} steps, 128x128x5, fresh servers and caches (new container).", "",
+             f"{args.steps} steps, 128x128x5, fresh servers and caches (new container); each server "
+             "answered `/object_info` and finished the pack's start-up warm-up before its first "
+             "prompt.", "",
              f"First eager run: {summary['eager_first_run_s']} s (eager step "
              f"{summary['eager_step_ms']} ms; steady compiled step {summary['steady_compiled_step_ms']} ms).", "",
              "| variant | run | wall s | x first eager run | first compiled call | eager calls | "
