@@ -7,11 +7,13 @@ functions in its logs), torch's hash of its own sources, and the CPU ISA probe (
 builds loaded in child processes). None of it depends on the model, so it can run while the
 server idles.
 
-What to warm is learned, not guessed: after a compile, the modules it imported and the files
-dynamo indexed (and, on CPU, the cache dir where torch's ISA probe builds are) are recorded in
-``prewarm.json`` at the persistent cache root. When the server starts, and only if that
-manifest exists (this server has compiled before), one daemon thread replays it; a new fleet
-worker fetches the manifest another worker published (and the entries it names). A compile
+Two parts. What every first compile needs, whatever the model, is warmed on every server
+start (``warm_base``: torch's compile entry and the pack's feature probes). The rest is
+learned, not guessed: after a compile, the modules it imported and the files dynamo indexed
+(and, on CPU, the cache dir where torch's ISA probe builds are) are recorded in
+``prewarm.json`` at the persistent cache root; when that manifest exists (this server has
+compiled before), the same daemon thread replays it after the base; a new fleet worker
+fetches the manifest another worker published (and the entries it names). A compile
 that starts meanwhile stops the thread at its next module and waits for it, so the two never
 race. Only modules of the compiler's own packages are imported, and source files are only
 read, never run.
