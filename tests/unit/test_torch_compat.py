@@ -267,3 +267,31 @@ def test_own_backend_only_for_reuse_off_without_isolation_simulated(monkeypatch)
     assert isinstance(own, engine._OwnBackend) and "mode" not in seen
     assert own.inner.config.get("max_autotune") is True  # the mode lives in the inner backend
     assert own != engine._OwnBackend("inductor", "max-autotune-no-cudagraphs", seen["dynamic"])
+
+
+def test_a_probe_on_another_thread_keeps_a_concurrent_compiles_counts():
+    """The start-up warm-up probes on a thread of its own while a prompt may compile (core's
+    TorchCompileModel): the probe puts dynamo's counters back afterwards, and a graph compiled
+    meanwhile on another thread must still be counted (the probe holds dynamo's compile lock,
+    so that compile waits for it)."""
+    import threading
+    import time
+    from torch._dynamo.utils import counters
+    inside = threading.Event()
+
+    def slow_probe():
+        inside.set()
+        time.sleep(0.5)  # the main thread's compile starts meanwhile
+        return True
+
+    before = counters["stats"]["unique_graphs"]
+    t = threading.Thread(target=tc._probe, args=(slow_probe,))
+    t.start()
+    assert inside.wait(30)
+
+    def fresh(x):
+        return x.cos() + 3
+
+    torch.compile(fresh, backend="eager")(torch.randn(4))
+    t.join()
+    assert counters["stats"]["unique_graphs"] == before + 1
