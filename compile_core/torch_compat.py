@@ -79,53 +79,37 @@ _TORCH_LOGGERS = ("torch._dynamo", "torch._subclasses", "torch._inductor", "torc
 def _traceless() -> Iterator[None]:
     """Quiet (a probe that hits a recompile limit on purpose warns) and uncounted: dynamo's
     counters and compilation records, and the cache-dir variables, are restored on exit.
-    Holds dynamo's compile lock throughout (``_compile_lock``): the start-up warm-up probes on
-    a thread of its own, and another thread's compile meanwhile (core's TorchCompileModel, say)
-    would count into what is then restored, and lose its counts."""
-    with _compile_lock():
-        with _restored_after():
-            yield
-
-
-def _compile_lock() -> contextlib.AbstractContextManager:
-    """Dynamo's lock around every frame it converts (``convert_frame.compile_lock``, an RLock
-    in torch 2.8-2.14); a no-op where this torch has none."""
-    try:
-        from torch._dynamo import convert_frame
-        lock = convert_frame.compile_lock
-    except (ImportError, AttributeError):
-        return contextlib.nullcontext()
-    return lock if hasattr(lock, "__enter__") else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _restored_after() -> Iterator[None]:
-    from torch._dynamo import utils as dutils
-    saved_counters = copy.deepcopy(dutils.counters)
-    metrics = getattr(dutils, "_compilation_metrics", None)
-    saved_metrics = list(metrics) if metrics is not None else None
-    env = {k: os.environ.get(k) for k in _CACHE_DIR_VARS}  # torch 2.9 sets them on first compile
-    loggers = [logging.getLogger(n) for n in _TORCH_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        dutils.counters.clear()
-        dutils.counters.update(saved_counters)
-        if saved_metrics is not None:
-            metrics.clear()
-            metrics.extend(saved_metrics)
+    Holds dynamo's compile lock throughout (``convert_frame.compile_lock``, an RLock in torch
+    2.8-2.14): the start-up warm-up probes on a thread of its own, and another thread's
+    compile meanwhile (core's TorchCompileModel, say) would count into what is then restored,
+    and lose its counts."""
+    from torch._dynamo import convert_frame, utils as dutils
+    with getattr(convert_frame, "compile_lock", None) or contextlib.nullcontext():
+        saved_counters = copy.deepcopy(dutils.counters)
+        metrics = getattr(dutils, "_compilation_metrics", None)
+        saved_metrics = list(metrics) if metrics is not None else None
+        env = {k: os.environ.get(k) for k in _CACHE_DIR_VARS}  # torch 2.9 sets them on first compile
+        loggers = [logging.getLogger(n) for n in _TORCH_LOGGERS]
+        levels = [lg.level for lg in loggers]
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            dutils.counters.clear()
+            dutils.counters.update(saved_counters)
+            if saved_metrics is not None:
+                metrics.clear()
+                metrics.extend(saved_metrics)
 
 
 def _probe(fn: Callable[[], bool]) -> bool:

@@ -41,8 +41,7 @@ def _plain_counters():
     start-up warm-up is done (its feature probes compile tiny functions and put the counters
     back after each: a snapshot taken meanwhile could count their graphs)."""
     from torch._dynamo.utils import counters
-    import sys
-    prewarm = next((m for n, m in sys.modules.items() if n.endswith("compile_core.prewarm")), None)
+    prewarm = _pack_module("prewarm")
     if prewarm is not None:
         prewarm.wait(finish=True)
     return {str(k): {str(kk): int(vv) for kk, vv in v.items()} for k, v in counters.items()}
@@ -698,10 +697,10 @@ if SLOW_BACKEND not in __import__("torch._dynamo.backends.registry", fromlist=["
     torch._dynamo.register_backend(name=SLOW_BACKEND)(_tcs_test_slow_backend)
 
 
-def _pack_background():
-    """The pack's ``compile_core.background`` module, as ComfyUI loaded it."""
+def _pack_module(name):
+    """The pack's ``compile_core.<name>`` module as ComfyUI loaded it (None when not loaded)."""
     import sys
-    return next(m for n, m in sys.modules.items() if n.endswith("compile_core.background"))
+    return next((m for n, m in list(sys.modules.items()) if n.endswith(f"compile_core.{name}")), None)
 
 
 class TCSTestWaitForBackground:
@@ -732,7 +731,7 @@ class TCSTestWaitForBackground:
         def pre_hook(module, args):
             state["calls"] += 1
             if state["calls"] == call:
-                _pack_background().wait_idle(300)
+                _pack_module("background").wait_idle(300)
             compiled = sum(1 for m in module.modules() if "shaped_call" in getattr(
                 m.__dict__.get("_compiled_call_impl"), "__qualname__", ""))
             log.warning("TCSTest: call %d regions compiled %d at %.4f", state["calls"], compiled,
