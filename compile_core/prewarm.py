@@ -8,7 +8,13 @@ builds loaded in child processes). None of it depends on the model, so it can ru
 server idles.
 
 Two parts. What every first compile needs, whatever the model, is warmed on every server
-start (``warm_base``: torch's compile entry and the pack's feature probes). The rest is
+start: first the pack's feature probes (``warm_probes``), then torch's compile entry
+(``warm_base``). The probes compile tiny functions; dynamo's compile lock, held by the probe,
+against the logging module's lock, held by a thread that meets a frame dynamo has not seen
+under its eval-frame callback, can deadlock two threads (seen: a server whose first prompt
+used core's TorchCompileModel hung at start-up). So nothing may run compiled code beside them:
+a prompt posted meanwhile waits for them (``probes_done``, called where ComfyUI takes a
+prompt, ``comfy_bridge``). The rest is
 learned, not guessed: after a compile, the modules it imported and the files dynamo indexed
 (and, on CPU, the cache dir where torch's ISA probe builds are) are recorded in
 ``prewarm.json`` at the persistent cache root; when that manifest exists (this server has
@@ -44,6 +50,7 @@ LISTS = ("modules", "files", "fingerprints")
 
 _thread: threading.Thread | None = None
 _stop = threading.Event()
+_probed = threading.Event()  # the warm-up thread's feature probes are over
 _lock = threading.Lock()
 
 
@@ -257,25 +264,47 @@ def warm(manifest: dict) -> dict:
             "seconds": round(time.perf_counter() - start, 2)}
 
 
+def warm_probes() -> float:
+    """The pack's probes of what this torch can do (``torch_compat.features``: tiny compiles,
+    cached for the process, about 1.5 s here). Returns the seconds (never raises); sets
+    ``_probed`` however it ends."""
+    start = time.perf_counter()
+    try:
+        from . import torch_compat
+        torch_compat.features()
+    except Exception as exc:  # noqa: BLE001 - only an optimisation: the first compile probes
+        log.info("feature probes at start-up stopped early: %s", exc)
+    finally:
+        _probed.set()
+    secs = time.perf_counter() - start
+    log.info("probed this torch's compile features at start-up in %.1f s", secs)
+    return secs
+
+
 def warm_base() -> float:
-    """What the first compile of any model in a new process pays before its own work, known
-    without a manifest: importing torch's compile entry (``torch.compile`` with inductor
-    imports ``torch._inductor.compile_fx``: 0.7-1.3 s here) and the pack's probes of what this
-    torch can do (``torch_compat.features``: tiny compiles, cached for the process, 0.9 s).
-    Returns the seconds it took (never raises)."""
+    """Torch's compile entry, what any first compile in a new process pays before its own work:
+    ``torch.compile`` with inductor imports ``torch._inductor.compile_fx`` (0.7-1.3 s here).
+    An import only: it compiles nothing, so it may run beside a prompt. Returns the seconds."""
     start = time.perf_counter()
     try:
         import torch._inductor.compile_fx  # noqa: F401
-        if not _stop.is_set():
-            from . import torch_compat
-            torch_compat.features()
     except Exception as exc:  # noqa: BLE001 - only an optimisation: the compile does it itself
         log.info("compiler prewarm stopped early: %s", exc)
     return time.perf_counter() - start
 
 
+def probes_done(timeout: float) -> bool:
+    """Wait, at most ``timeout`` s, until the warm-up thread's feature probes are over (at
+    once where no warm-up runs). False: they still run."""
+    t = _thread
+    if t is None or t is threading.current_thread():
+        return True
+    return _probed.wait(timeout)
+
+
 def start(root: Path | None, shared: Callable[[], dict | None] | None = None) -> bool:
-    """Start the background warm-up (once per process) if enabled: ``warm_base``, then the
+    """Start the background warm-up (once per process) if enabled: ``warm_probes`` and
+    ``warm_base``, then the
     manifest if this server has compiled before, or (a new fleet worker) the one ``shared``
     returns, published by another worker (``shared`` may also prefetch that worker's entries
     into this cache and name one as ``isa_dir``)."""
@@ -286,12 +315,13 @@ def start(root: Path | None, shared: Callable[[], dict | None] | None = None) ->
     local = read_manifest(root) if root is not None else {}
 
     def run():
+        probes = warm_probes()  # first: prompts posted meanwhile wait for them (probes_done)
         manifest = local
         if not manifest and shared is not None and root is not None:
             manifest = clean(shared())  # store I/O (bounded timeout) stays off the start-up path
             if manifest:
                 record(root, manifest["modules"], manifest["files"], manifest["isa_dir"])
-        base = warm_base()
+        base = probes + warm_base()
         if not manifest:
             log.info("warmed torch's compile entry and this torch's feature probes in the "
                      "background in %.1f s", base)

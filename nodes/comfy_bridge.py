@@ -290,7 +290,25 @@ def prewarm_when_server_starts() -> bool:
             log.warning("background warm-up not started (%s: %s)", type(exc).__name__, exc)
 
     app.on_startup.append(torch_compile_speed_prewarm)
+    PromptServer.instance.add_on_prompt_handler(after_startup_probes)
     return True
+
+
+PROBE_WAIT_S = 20.0  # normally 1-2 s, once, right after start-up
+
+
+def after_startup_probes(json_data):
+    """ComfyUI's on-prompt hook: a prompt posted while the start-up warm-up still probes
+    torch's features waits for the probes (they must not run beside compiled code; see
+    compile_core.prewarm), so it runs after them; never longer than ``PROBE_WAIT_S``."""
+    from ..compile_core import prewarm
+    try:
+        if not prewarm.probes_done(PROBE_WAIT_S):
+            log.warn_once("probes-slow", "the start-up feature probes still run after %.0f s: "
+                          "this prompt no longer waits for them", PROBE_WAIT_S)
+    except Exception as exc:  # noqa: BLE001 - a prompt must always be taken
+        log.warn_once("probes-wait", "could not wait for the start-up probes: %s", exc)
+    return json_data
 
 
 def _start_prewarm() -> None:

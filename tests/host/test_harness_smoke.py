@@ -71,6 +71,23 @@ def test_rejected_and_failed_prompts_are_reported(comfy_host, tiny_wan):
     assert "force_parameter_static_shapes" in str(err.value)
 
 
+def test_a_prompt_posted_during_the_start_up_probes_runs_after_them(make_host, tiny_wan):
+    """The pack's start-up warm-up probes torch's features on a thread of its own, by compiling
+    tiny functions. Compiled code running beside them can deadlock (dynamo's compile lock
+    against logging's lock: a server whose first prompt used core's TorchCompileModel hung).
+    A prompt posted the moment the server answers, with core's compile, waits for the probes
+    (the pack's on-prompt hook): its model loads only after their log line, and it completes."""
+    host = make_host()
+    p = wan_t2v_prompt(tiny_wan, apply=False, prefix="early")
+    p["compile"] = {"class_type": "TorchCompileModel", "inputs": {"model": ["loader", 0], "backend": "cudagraphs"}}
+    p["sampler"]["inputs"]["model"] = ["compile", 0]
+    hist = host.run(p, timeout=300)
+    log = host.log_text()
+    probed, loaded = log.find("probed this torch's compile features"), log.find("Requested to load")
+    assert 0 <= probed < loaded, log[-3000:]
+    assert host.probe(hist, "probe")["stats"]["unique_graphs"] >= 1  # core's compile ran
+
+
 def test_two_branch_prompt_with_core_compile(make_host, tiny_wan):
     """The two-branch builder with core TorchCompileModel in place of our nodes ("cudagraphs"
     on CPU is a quick AOT trace that runs eagerly) on a server of this test's own."""

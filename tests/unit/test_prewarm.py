@@ -127,6 +127,32 @@ def test_one_warm_up_per_process_warms_the_base_and_replays_a_manifest_if_there_
                                                 "probed": False, "replayed": False}
 
 
+def test_the_start_up_probes_come_first_and_a_prompt_waits_for_them(monkeypatch, tmp_path):
+    """The probes compile on the warm-up thread and nothing may run compiled code beside them
+    (a deadlock of dynamo's compile lock and logging's lock; see prewarm). FAKE probes
+    (``torch_compat.features`` replaced) that run until the test lets them end: the wait a
+    prompt makes (``probes_done``) returns only after them, and the rest of the warm-up (the
+    fleet's manifest, torch's compile entry) starts only after them."""
+    import threading
+    from compile_core import torch_compat
+    order, release = [], threading.Event()
+
+    def fake_probes():
+        order.append("probes")
+        release.wait(30)
+        order.append("probes over")
+    monkeypatch.setattr(torch_compat, "features", fake_probes)
+    for name, value in (("_thread", None), ("_probed", threading.Event()), ("_stop", threading.Event())):
+        monkeypatch.setattr(prewarm, name, value)
+    assert prewarm.probes_done(0) is True  # no warm-up: a prompt never waits
+    assert prewarm.start(tmp_path, lambda: order.append("fleet manifest") or None)
+    assert prewarm.probes_done(0.3) is False and order == ["probes"]  # still probing: it waits
+    release.set()
+    assert prewarm.probes_done(10) is True
+    prewarm.wait(finish=True)
+    assert order == ["probes", "probes over", "fleet manifest"]
+
+
 def test_a_new_fleet_worker_warms_from_the_shared_manifest_and_keeps_it(tmp_path):
     got = _child(f"""
         import json, sys
