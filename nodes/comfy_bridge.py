@@ -295,17 +295,21 @@ def prewarm_when_server_starts() -> bool:
 
 
 PROBE_WAIT_S = 20.0  # normally 1-2 s, once, right after start-up
+_probe_wait = [PROBE_WAIT_S]  # 0 once a wait timed out: no prompt waits again
 
 
 def after_startup_probes(json_data):
     """ComfyUI's on-prompt hook: a prompt posted while the start-up warm-up still probes
     torch's features waits for the probes (they must not run beside compiled code; see
-    compile_core.prewarm), so it runs after them; never longer than ``PROBE_WAIT_S``."""
+    compile_core.prewarm), so it runs after them; never longer than ``PROBE_WAIT_S``, and
+    after one wait that timed out, no prompt waits again (it blocks ComfyUI's event loop)."""
     from ..compile_core import prewarm
     try:
-        if not prewarm.probes_done(PROBE_WAIT_S):
-            log.warn_once("probes-slow", "the start-up feature probes still run after %.0f s: "
-                          "this prompt no longer waits for them", PROBE_WAIT_S)
+        wait = _probe_wait[0]
+        if wait and not prewarm.probes_done(wait):
+            _probe_wait[0] = 0.0
+            log.warning("the start-up feature probes still run after %.0f s: prompts no longer "
+                        "wait for them", wait)
     except Exception as exc:  # noqa: BLE001 - a prompt must always be taken
         log.warn_once("probes-wait", "could not wait for the start-up probes: %s", exc)
     return json_data

@@ -88,6 +88,22 @@ def test_a_prompt_posted_during_the_start_up_probes_runs_after_them(make_host, t
     assert host.probe(hist, "probe")["stats"]["unique_graphs"] >= 1  # core's compile ran
 
 
+def test_prompts_stop_waiting_for_start_up_probes_that_never_end(make_host, tiny_wan):
+    """Probes stuck for good (a FAKE from the test nodes, TCS_TEST_STUCK_PROBES; the wait cut
+    to 1 s): the first prompt waits once, one warning says prompts no longer wait, and every
+    prompt completes."""
+    host = make_host(env={"TCS_TEST_STUCK_PROBES": "1"})
+    for i in range(2):
+        p = wan_t2v_prompt(tiny_wan, apply=False, prefix=f"stuck{i}")
+        del p["probe"]  # it reads dynamo's counters only after the warm-up, which never ends here
+        host.run(p, timeout=120)
+    log = host.log_text()
+    warning = "the start-up feature probes still run after 1 s: prompts no longer wait for them"
+    assert log.count(warning) == 1, log[-3000:]
+    assert "probed this torch's compile features" not in log  # the fake really held them
+    assert log.index(warning) < log.index("Requested to load")  # the first prompt waited
+
+
 def test_two_branch_prompt_with_core_compile(make_host, tiny_wan):
     """The two-branch builder with core TorchCompileModel in place of our nodes ("cudagraphs"
     on CPU is a quick AOT trace that runs eagerly) on a server of this test's own."""

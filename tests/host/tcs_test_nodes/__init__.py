@@ -742,3 +742,21 @@ class TCSTestWaitForBackground:
 
 
 NODE_CLASS_MAPPINGS[TCSTestWaitForBackground.__name__] = TCSTestWaitForBackground
+
+
+async def _stuck_probes(_app):
+    """TEST-ONLY (``TCS_TEST_STUCK_PROBES=1``): the pack's start-up feature probes never end (a
+    FAKE of probes stuck behind a compile on another thread) and a prompt waits 1 s for them
+    instead of 20, so a host test sees what prompts do then. Runs first among the start-up
+    handlers, before the pack's warm-up starts."""
+    import importlib
+    import sys
+    import threading
+    root = next(n[:-len(".compile_core")] for n in list(sys.modules) if n.endswith(".compile_core"))
+    importlib.import_module(root + ".compile_core.torch_compat").features = lambda: threading.Event().wait()
+    sys.modules[root + ".nodes.comfy_bridge"]._probe_wait[0] = 1.0
+
+
+if os.environ.get("TCS_TEST_STUCK_PROBES") == "1":
+    from server import PromptServer
+    PromptServer.instance.app.on_startup.insert(0, _stuck_probes)
