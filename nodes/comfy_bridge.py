@@ -279,9 +279,9 @@ def prewarm_when_server_starts() -> bool:
     node has loaded, so no other pack's imports race ours); see compile_core.prewarm."""
     try:
         from server import PromptServer
-        app = PromptServer.instance.app
-    except Exception:  # noqa: BLE001 - not inside a ComfyUI server (tests, tooling)
-        return False
+        app, on_prompt = PromptServer.instance.app, PromptServer.instance.add_on_prompt_handler
+    except Exception:  # noqa: BLE001 - not inside a ComfyUI server (tests, tooling), or one
+        return False  # without the on-prompt hook: the first compile probes, on the prompt thread
 
     async def torch_compile_speed_prewarm(_app):
         try:
@@ -289,8 +289,8 @@ def prewarm_when_server_starts() -> bool:
         except Exception as exc:  # noqa: BLE001 - an optimisation: ComfyUI must always start
             log.warning("background warm-up not started (%s: %s)", type(exc).__name__, exc)
 
+    on_prompt(after_startup_probes)  # the probes run beside no prompt: see compile_core.prewarm
     app.on_startup.append(torch_compile_speed_prewarm)
-    PromptServer.instance.add_on_prompt_handler(after_startup_probes)
     return True
 
 
