@@ -304,10 +304,9 @@ def probes_done(timeout: float) -> bool:
 
 def start(root: Path | None, shared: Callable[[], dict | None] | None = None) -> bool:
     """Start the background warm-up (once per process) if enabled: ``warm_probes`` and
-    ``warm_base``, then the
-    manifest if this server has compiled before, or (a new fleet worker) the one ``shared``
-    returns, published by another worker (``shared`` may also prefetch that worker's entries
-    into this cache and name one as ``isa_dir``)."""
+    ``warm_base``, then the manifest if this server has compiled before, or (a new fleet
+    worker) the one ``shared`` returns, published by another worker (``shared`` may also
+    prefetch that worker's entries into this cache and name one as ``isa_dir``)."""
     global _thread
     if not enabled():
         return False
