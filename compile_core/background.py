@@ -58,6 +58,7 @@ class Job:
         self.eager_calls = 0  # model calls that ran eagerly while it was pending
         self.what = ""  # what it compiles, for the log ("the first input", "a new input")
         self.result = None  # what ``fn`` returned
+        self.on_done: Callable[[], None] | None = None  # called on the worker once ``done`` is set
 
     def _run(self) -> None:
         start = time.perf_counter()
@@ -68,6 +69,12 @@ class Job:
         finally:
             self.seconds = time.perf_counter() - start
             self.done.set()
+        if self.on_done is not None:
+            try:
+                self.on_done()
+            except Exception as exc:  # noqa: BLE001 - a notification must not stop the worker
+                log.warn_once("job-on-done", "after the background compile of %s: %s: %s",
+                              self.label, type(exc).__name__, exc)
 
 
 class _Worker:
@@ -153,6 +160,7 @@ def _wait_for_release(job: Job) -> None:
         if job.run_over and _host_idle():
             log.info("the sampling run is over and the server is idle: compiling %s in the "
                      "background now", job.label)
+            job.released.set()  # not held any more (the badge: compiling, not "after this run")
             return
 
 

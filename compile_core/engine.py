@@ -186,6 +186,9 @@ class CompiledModel:
     _miss_off: bool = False  # new inputs compile in the foreground (see ``_swap``)
     _worker_context: Callable | None = None  # of the current call (see ``run``)
     _sampling_run: int = 0  # 0: outside ``sampling_run``, 1: at its first call, 2: after it
+    # called on the worker when a background compile of this model is done (the bridge sends
+    # the badge's status: a held compile ends after its run, when no model call would)
+    on_background_done: Callable[[], None] | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -386,6 +389,7 @@ class CompiledModel:
             functools.partial(self._compile_captured, captured, device, self._worker_context),
             self.description, hold=hold)
         self._job.eager_calls, self._job.what, self.changed = 1, what, True
+        self._job.on_done = self.on_background_done
         if hold:
             log.info("%s runs on the CPU, whose cores its eager steps use: its background "
                      "compile starts once this sampling run is over (when the server is idle, or "

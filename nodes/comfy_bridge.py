@@ -107,6 +107,7 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
             send_status(status_payload(compiled, node_id))
         return out
 
+    compiled.on_background_done = lambda: send_status(status_payload(compiled, node_id))
     # found again by compiled_model_of (the Diagnostics node) on this clone and its clones
     torch_compile_speed_wrapper.compiled_model = compiled
     torch_compile_speed_wrapper.node_id = node_id

@@ -322,6 +322,8 @@ def test_a_cpu_models_compile_is_held_until_its_sampling_run_is_over(wan, wan_in
     x, t = wan_inputs()
     ref = eager(model, x, t)
     cm = engine.prepare(model, _bg())
+    told = []  # what the badge is sent when the compile is done (the bridge's callback)
+    cm.on_background_done = lambda: told.append((status_payload(cm)["state"], threading.current_thread()))
     g0 = graph_count()
     with cm.sampling_run():
         for _ in range(3):
@@ -336,6 +338,8 @@ def test_a_cpu_models_compile_is_held_until_its_sampling_run_is_over(wan, wan_in
     host_state["idle"] = True
     assert cm._job.done.wait(300) and background.wait_idle(300)
     assert graph_count() - g0 == 1
+    # no model call comes until the next run: the worker itself says it is compiled now
+    assert [state for state, _ in told] == ["cold"] and told[0][1] is not threading.main_thread()
     with cm.sampling_run():
         torch.testing.assert_close(run(cm, model, x, t), ref)
     assert cm.swapped_at == 4 and cm.entry.graphs == 1
@@ -343,6 +347,17 @@ def test_a_cpu_models_compile_is_held_until_its_sampling_run_is_over(wan, wan_in
     assert "compile starts once this sampling run is over" in infos
     assert "the sampling run is over and the server is idle: compiling" in infos
     assert "swapped in at model call 4 (3 call(s) ran eagerly meanwhile)" in infos
+
+
+def test_a_failing_done_callback_warns_once_and_the_worker_goes_on(pack_log):
+    """``Job.on_done`` (the badge's status) raising: one warning, and the next job still runs."""
+    jobs = [background.submit(lambda: None, f"job {i}", hold=True) for i in range(2)]
+    for job in jobs:
+        job.on_done = lambda: 1 / 0
+    background.release_held()
+    assert background.wait_idle(60) and all(j.done.is_set() and j.error is None for j in jobs)
+    warnings = [w for w in pack_log.warnings() if "after the background compile of job" in w]
+    assert len(warnings) == 1 and "ZeroDivisionError" in warnings[0], pack_log.warnings()
 
 
 def test_a_held_compile_starts_beside_the_next_sampling_run(wan, wan_inputs, graph_count, host_state):
