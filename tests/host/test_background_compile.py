@@ -71,6 +71,30 @@ def test_background_compile_swaps_in_mid_run(host, tiny_wan, eager_ref):
     assert rel_l2(host.latent(hist2), eager_ref) < 1e-3
 
 
+def _badge_messages(host):
+    """The status messages the server sends the node badge (web/js listens for the same event),
+    collected on a thread from ComfyUI's websocket: (the list, the socket to close)."""
+    import json
+    import threading
+    import websocket  # websocket-client, requirements-dev.txt
+    got = []
+    ws = websocket.create_connection(host.url.replace("http://", "ws://") + "/ws?clientId=tcs-badge",
+                                     timeout=10)
+    ws.settimeout(None)
+
+    def read():
+        while True:
+            try:
+                msg = ws.recv()
+            except Exception:  # noqa: BLE001 - closed by the test
+                return
+            data = json.loads(msg) if isinstance(msg, str) else {}
+            if data.get("type") == "torch_compile_speed.status":
+                got.append(data["data"])
+    threading.Thread(target=read, daemon=True).start()
+    return got, ws
+
+
 def test_a_cpu_models_compile_waits_for_the_end_of_the_run_and_the_next_run_is_compiled(
         host, tiny_wan, eager_ref):
     """No waiter: on the CPU the first run stays eager from its first step to its last (a
@@ -78,12 +102,19 @@ def test_a_cpu_models_compile_waits_for_the_end_of_the_run_and_the_next_run_is_c
     the server idle, and the next run is compiled from its first step."""
     settings = {**BG, "reuse_if_similar": False}  # not the graphs an earlier test compiled
     offset = host.log_offset()
+    badge, ws = _badge_messages(host)
     hist = host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
                                                 prefix="held"), call=1000))
     deadline = time.monotonic() + 300
     while not pack_lines(host.log_text(since=offset), "in the background: ") and time.monotonic() < deadline:
         time.sleep(0.2)
     log = host.log_text(since=offset)
+    deadline = time.monotonic() + 30
+    while badge[-1]["state"] == "background-after-run" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ws.close()
+    states = [m["state"] for m in badge]  # the worker itself told the badge: no model call came
+    assert "background-after-run" in states and states[-1] == "cold", states
     assert rel_l2(host.latent(hist), eager_ref) < 1e-3
     assert _calls(log) == {n: 0 for n in range(1, STEPS + 1)}, log  # eager throughout
     assert len(pack_lines(log, "compile starts once this sampling run is over")) == 1, log
