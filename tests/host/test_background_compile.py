@@ -88,6 +88,8 @@ def _badge_messages(host):
                 msg = ws.recv()
             except Exception:  # noqa: BLE001 - closed by the test
                 return
+            if not msg:  # what recv returns once the test has closed the socket
+                return
             data = json.loads(msg) if isinstance(msg, str) else {}
             if data.get("type") == "torch_compile_speed.status":
                 got.append(data["data"])
