@@ -697,10 +697,10 @@ if SLOW_BACKEND not in __import__("torch._dynamo.backends.registry", fromlist=["
     torch._dynamo.register_backend(name=SLOW_BACKEND)(_tcs_test_slow_backend)
 
 
-def _pack_module(name):
-    """The pack's ``compile_core.<name>`` module as ComfyUI loaded it (None when not loaded)."""
+def _pack_module(name, package="compile_core"):
+    """The pack's ``<package>.<name>`` module as ComfyUI loaded it (None when not loaded)."""
     import sys
-    return next((m for n, m in list(sys.modules.items()) if n.endswith(f"compile_core.{name}")), None)
+    return next((m for n, m in list(sys.modules.items()) if n.endswith(f"{package}.{name}")), None)
 
 
 class TCSTestWaitForBackground:
@@ -749,12 +749,9 @@ async def _stuck_probes(_app):
     FAKE of probes stuck behind a compile on another thread) and a prompt waits 1 s for them
     instead of 20, so a host test sees what prompts do then. Runs first among the start-up
     handlers, before the pack's warm-up starts."""
-    import importlib
-    import sys
     import threading
-    root = next(n[:-len(".compile_core")] for n in list(sys.modules) if n.endswith(".compile_core"))
-    importlib.import_module(root + ".compile_core.torch_compat").features = lambda: threading.Event().wait()
-    sys.modules[root + ".nodes.comfy_bridge"]._probe_wait[0] = 1.0
+    _pack_module("torch_compat").features = lambda: threading.Event().wait()
+    _pack_module("comfy_bridge", "nodes")._probe_wait[0] = 1.0
 
 
 if os.environ.get("TCS_TEST_STUCK_PROBES") == "1":
