@@ -50,7 +50,7 @@ from torch import nn
 from . import log
 from .persist import write_atomic
 from .saved_guards import (GlobalChecks, LocalChecks, NotSaveable, ValuePickler, bind_subclasses,
-                           keep_guard, subclass_globals)
+                           guard_checker, keep_guard, subclass_globals)
 
 DIRNAME = "tcs_saved_regions"  # inside the entry's inductor dir (persisted and shared with it)
 MODES = ("default", "max-autotune-no-cudagraphs")
@@ -96,10 +96,34 @@ class _Region:
     checks: GlobalChecks
     locals: LocalChecks
     ran: bool = False            # called once in this process (inside the run's scope)
+    guards: Callable | None = None  # torch's saved guards as check(module, args, kwargs), see
+    # ``_first_check``; None: not yet decided
 
     def accepts(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
         """torch's saved guards, then ours on the functions the call passes in."""
-        return self.fn.guard_check(module, *args, **kwargs) and self.locals.accepts(module, args, kwargs)
+        guards = self.guards or self._first_check
+        return guards(module, args, kwargs) and self.locals.accepts(module, args, kwargs)
+
+    def _guard_check(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
+        return self.fn.guard_check(module, *args, **kwargs)
+
+    def _first_check(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
+        """``guard_check``, until it accepts a call: then ``saved_guards.guard_checker``'s
+        direct check (no signature binding) is kept for later calls if it accepts that call too."""
+        ok = self._guard_check(module, args, kwargs)
+        if not ok:
+            return ok
+        direct = guard_checker(self.fn)
+        try:
+            same = direct is not None and direct(module, args, kwargs) is True
+        except Exception:  # noqa: BLE001 - a torch whose guards need more: its own check
+            same = False
+        if direct is not None and not same:
+            log.info_once("direct-guard-check", "torch %s: a saved region's guards checked "
+                          "without its signature rejected a call guard_check accepts; using "
+                          "guard_check", torch.__version__)
+        self.guards = direct if same else self._guard_check
+        return ok
 
     def rejection(self, module: nn.Module, args: tuple, kwargs: dict) -> str:
         """Why this call is not accepted, for the log: torch's first failing guard, else ours."""

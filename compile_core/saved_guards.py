@@ -35,6 +35,7 @@ import builtins
 import dataclasses
 import enum
 import hashlib
+import inspect
 import re
 import sys
 import types
@@ -487,6 +488,35 @@ def bind_subclasses(saved: dict) -> dict[str, type]:
             raise TypeError(f"{where} is not a tensor subclass")
         out[str(name)] = cls
     return out
+
+
+_CALL_IMPL_PARAMS = [("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                     ("args", inspect.Parameter.VAR_POSITIONAL),
+                     ("kwargs", inspect.Parameter.VAR_KEYWORD)]
+
+
+def guard_checker(fn) -> Callable[[object, tuple, dict], bool] | None:
+    """torch's saved guards of a region's AOT-compiled function as ``check(module, args,
+    kwargs)``, or None where ``fn.guard_check`` must be used. ``guard_check`` binds every call
+    to the function's signature with ``inspect.Signature.bind`` (about 3 us a block call, warm)
+    to build the frame locals its guards read. A region is compiled from
+    ``nn.Module._call_impl(self, *args, **kwargs)``, whose frame locals are exactly ``self``,
+    ``args`` and ``kwargs`` (what ``bind`` and ``apply_defaults`` give): built here directly.
+    Any other signature, a closure, or a torch whose function lacks these parts: None. The
+    caller (``precompiled._Region``) also compares the two on a region's first call."""
+    try:
+        art = fn._artifacts
+        params = [(p.name, p.kind) for p in art.signature.parameters.values()]
+        manager, closure = art.guard_manager, art.runtime_env.closure
+    except AttributeError:
+        return None
+    if manager is None or closure or params != _CALL_IMPL_PARAMS:
+        return None
+    check = manager.check
+
+    def direct(module, args: tuple, kwargs: dict) -> bool:
+        return check({"self": module, "args": args, "kwargs": kwargs})
+    return direct
 
 
 class NotSaveable(RuntimeError):

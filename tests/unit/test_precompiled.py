@@ -313,6 +313,52 @@ def test_a_call_takes_checked_ahead_runs_its_guards_once(tmp_path):
     assert fake.checks == 4
 
 
+def test_the_direct_guard_check_answers_as_torchs_guard_check(tmp_path):
+    """A captured region's guards, checked without binding the call to its signature
+    (``saved_guards.guard_checker``), accept and reject exactly the calls torch's own
+    ``guard_check`` does; the region uses the direct check once it accepted a call."""
+    block = tiny.build().blocks[0]
+    x, emb = torch.randn(1, 6, 32), torch.randn(1, 1, 32)
+    with torch.no_grad():  # (grad mode is guarded too)
+        region = precompiled.capture(block, (x, emb), {"transformer_options": {}}, _settings().compile_kwargs())
+        _same_answers(region, block, x, emb)
+    with torch.enable_grad():
+        _same_answers(region, block, x, emb, grad=True)
+
+
+def _same_answers(region, block, x, emb, grad=False):
+    direct = saved_guards.guard_checker(region.fn)
+    assert direct is not None  # this torch: a region compiled from nn.Module._call_impl
+    calls = [((x, emb), {"transformer_options": {}}),                      # the traced call
+             ((torch.randn(1, 11, 32), emb), {"transformer_options": {}}),  # another token count
+             ((x.double(), emb), {"transformer_options": {}}),              # another dtype
+             ((torch.randn(1, 6, 16), emb), {"transformer_options": {}}),   # another width
+             ((x, emb), {"transformer_options": {"hook": 1}})]              # another dict
+    answers = [region.fn.guard_check(block, *a, **k) for a, k in calls]
+    assert [direct(block, a, k) for a, k in calls] == answers
+    if grad:  # grad mode on: torch's guards reject every call, and so does the direct check
+        assert answers == [False] * len(calls)
+        return
+    assert answers[0] is True and False in answers
+    assert region.guards is None and not region.accepts(block, *calls[2])
+    assert region.guards is None  # (decided on an accepted call only)
+    assert region.accepts(block, *calls[0]) and region.guards is not None
+    assert region.guards != region._guard_check  # the direct check took over
+    assert [region.accepts(block, a, k) for a, k in calls] == answers
+
+
+def test_a_direct_guard_check_that_disagrees_is_not_used(monkeypatch, pack_log):
+    """FAKE direct check that rejects what torch's ``guard_check`` accepts (a torch whose
+    guards read more than the call): the region keeps ``guard_check``, and says so once."""
+    monkeypatch.setattr(precompiled, "guard_checker", lambda fn: lambda m, a, k: False)
+    fake = CountingRegion()
+    region = precompiled._Region(fake, precompiled.GlobalChecks.capture([], {}), precompiled.LocalChecks([], []))
+    block, args = tiny.build().blocks[0], (torch.randn(1, 6, 32),)
+    assert region.accepts(block, args, {}) and region.accepts(block, args, {})
+    assert region.guards == region._guard_check and fake.checks == 2
+    assert any("rejected a call guard_check accepts" in m for m in pack_log.infos())
+
+
 class CountingScope:
     """The run's scope as the saved regions see it (``begin_run(scope=)``): counts entries."""
     def __init__(self):
