@@ -283,6 +283,8 @@ class LocalChecks:
     def accepts(self, module, args: tuple, kwargs: dict) -> bool:
         """True when every value is one the region was traced with (cheap when seen). Paths are
         walked once per call, and a class's constant once per class (the region's linears)."""
+        if not self.names:  # (most regions: nothing of theirs is checked here)
+            return True
         roots, owners, classes = {"self": module, "args": args, "kwargs": kwargs}, {}, set()
         for split, want, seen in zip(self._split, self.described, self._seen):
             if split is None:
