@@ -14,6 +14,10 @@ Variants:
 - ``torch regional``: torch's own regional compile, ``block.compile()`` on every block, no pack.
 - ``ours``: the pack's engine with the settings node's defaults (regional, mode speed).
 - ``ours whole``: the pack's engine, the whole model as one region.
+- ``core, nested blocks`` (``--nested``): core's whole-model compile with every block's forward
+  as one ``torch.compiler.nested_compile_region`` (torch's hierarchical compile: the block is
+  traced once and its code stamped out for each block inside the one graph). Not a pack
+  feature: it tells what a whole-model graph with regional compile's reuse would give.
 
 ``ours`` / ``torch regional`` is what the pack costs in steady state; ``torch regional`` / ``core``
 is what regional compilation costs on this model (the glue between blocks runs eagerly, each
@@ -26,6 +30,7 @@ Writes ``benchmarks/results/regional_cpu.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -39,6 +44,7 @@ from background_benchmark import write_out  # noqa: E402
 from overhead_benchmark import interleaved, load_pack  # noqa: E402
 
 VARIANTS = ("eager", "core", "torch regional", "ours", "ours whole")
+NESTED = "core, nested blocks"  # --nested
 # --whole-split: where the whole model through the pack differs from core (mode, batch marks)
 WHOLE_SPLIT = {"ours whole, mode default": {"mode": "default"},
                "ours whole, static shapes": {"shape_policy": "static"}}
@@ -63,8 +69,11 @@ def compiled_call(variant: str, model, inputs: tuple):
     x, t, ctx = inputs
     call = lambda m=model: m(x, t, ctx, transformer_options={})  # noqa: E731
     if variant == "core":
-        from comfy_extras.nodes_torch_compile import skip_torch_compile_dict
-        whole = torch.compile(model, options={"guard_filter_fn": skip_torch_compile_dict})
+        whole = torch.compile(model, options={"guard_filter_fn": skip_torch_compile_dict()})
+        return lambda: whole(x, t, ctx, transformer_options={})
+    if variant == NESTED:
+        _nest_blocks(model)
+        whole = torch.compile(model, options={"guard_filter_fn": skip_torch_compile_dict()})
         return lambda: whole(x, t, ctx, transformer_options={})
     if variant == "torch regional":
         for block in model.blocks:
@@ -78,6 +87,66 @@ def compiled_call(variant: str, model, inputs: tuple):
         cm = engine.prepare(model, settings, pack("compile_core.registry").ReuseRegistry())
         return lambda: cm.run(model, call, x.device)
     return call
+
+
+def _variants(nested: bool, whole_split: bool) -> tuple:
+    """``--nested`` goes first of the compiled variants, so its cold first call (not core's)
+    pays the process's one-time compile costs."""
+    head = ("eager", NESTED) if nested else ("eager",)
+    return head + VARIANTS[1:] + (tuple(WHOLE_SPLIT) if whole_split else ())
+
+
+def skip_torch_compile_dict():
+    """Core's guard filter (ComfyUI's TorchCompileModel passes it to ``torch.compile``)."""
+    from comfy_extras.nodes_torch_compile import skip_torch_compile_dict as core_filter
+    return core_filter
+
+
+def _nest_blocks(model) -> None:
+    """Every block's forward through one ``nested_compile_region`` (an attribute of each block
+    instance: the class is untouched). Its input is made contiguous first: block 0 gets the
+    patch embedding's transposed view and the others a contiguous tensor, and torch reuses a
+    region's trace only for inputs with the same strides. ``max_reuse_entries`` above the
+    block count: with the default 8, torch 2.13 gave up on a 16-block model."""
+    import types
+    import torch
+    blocks = list(model.blocks)
+    region = torch.compiler.nested_compile_region(type(blocks[0]).forward, max_reuse_entries=len(blocks) + 8)
+
+    def forward(self, x, *args, **kwargs):
+        return region(self, x.contiguous(), *args, **kwargs)
+    for block in blocks:
+        block.forward = types.MethodType(forward, block)
+
+
+def cold_first_call(variant: str, dim: int, blocks: int) -> dict:
+    """``--cold-of``: one variant's first two calls in this (fresh) process."""
+    import torch
+    from torch._dynamo.utils import counters
+    inputs = (torch.randn(2, 16, 2, 16, 16), torch.tensor([500.0, 500.0]), torch.randn(2, 512, 4096))
+    with torch.no_grad():
+        start = time.perf_counter()
+        call = compiled_call(variant, build(dim, blocks), inputs)
+        call()
+        call()
+    return {"variant": variant, "blocks": blocks, "first_call_s": round(time.perf_counter() - start, 2),
+            "graphs": counters["stats"]["unique_graphs"]}
+
+
+def cold_rows(dim: int, depths: tuple) -> list[dict]:
+    """Core and ``NESTED`` cold, each in a fresh process of its own (scratch cache), taking
+    turns, at each depth: in one process the first compile also pays one-time costs."""
+    import json
+    import subprocess
+    rows = []
+    for blocks in depths:
+        for variant in (NESTED, "core"):
+            cmd = [sys.executable, __file__, "--cold-of", variant, "--dim", str(dim), "--blocks", str(blocks)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("COLD ")]
+            rows.append(json.loads(line[-1][5:]) if line else {"variant": variant, "blocks": blocks,
+                                                              "error": proc.stderr[-500:]})
+    return rows
 
 
 def measure(dim: int, blocks: int, rounds: int, variants: tuple = VARIANTS) -> dict:
@@ -119,6 +188,17 @@ def markdown(result: dict) -> str:
               f"**{rows['ours']['per_torch_regional']:.3f}**. Regional compilation itself, "
               f"`torch regional` / `core`: {rows['torch regional']['per_core']:.3f}; the whole model "
               f"through the pack, `ours whole` / `core`: {rows['ours whole']['per_core']:.3f}.", ""]
+    if NESTED in rows:
+        n, c = rows[NESTED], rows["core"]
+        lines += [f"`{NESTED}` / `core`: {n['per_core']:.3f} per call; its cold first call "
+                  f"{n['first_call_s']:.1f} s against core's {c['first_call_s']:.1f} s (it compiled first "
+                  "in this process, so it also paid the one-time compile costs).", ""]
+    if result.get("cold"):
+        lines += ["Cold first call (two calls), each in a fresh process with an empty cache:", "",
+                  "| variant | blocks | first call s | graphs |", "|---|---|---|---|"]
+        lines += [f"| {r['variant']} | {r['blocks']} | {r.get('first_call_s', 'failed')} | {r.get('graphs', '')} |"
+                  for r in result["cold"]]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -128,6 +208,9 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--nested", action="store_true",
+                    help="also core's whole-model compile with the blocks as nested compile regions")
+    ap.add_argument("--cold-of", default="", help=argparse.SUPPRESS)  # (a cold_rows child)
     ap.add_argument("--whole-split", action="store_true",
                     help="also the whole model through the pack in mode default, and with static shapes")
     args = ap.parse_args()
@@ -136,11 +219,16 @@ def main() -> int:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch  # cold compiles, nothing left behind
     try:
         _comfy_import_setup("--use-pytorch-cross-attention")
+        if args.cold_of:
+            print("COLD " + json.dumps(cold_first_call(args.cold_of, args.dim, args.blocks)))
+            return 0
         rows = measure(args.dim, args.blocks, args.rounds,
-                       VARIANTS + (tuple(WHOLE_SPLIT) if args.whole_split else ()))
+                       _variants(args.nested, args.whole_split))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result = {"dim": args.dim, "blocks": args.blocks, "rounds": args.rounds, "rows": rows, "machine": info}
+    if args.nested:
+        result["cold"] = cold_rows(args.dim, (args.blocks, 2 * args.blocks))
     md = markdown(result)
     if args.no_write:
         print(md)
