@@ -15,7 +15,7 @@ hits them alike. A test-only node logs every model call with the server's clock,
 the step times; the prompt time is the server's own execution time. The figures are the
 medians over rounds of the per-round ratios to ``core``.
 
-    .venv/bin/python benchmarks/steady_benchmark.py [--blocks 8] [--steps 8] [--rounds 9]
+    .venv/bin/python benchmarks/steady_benchmark.py [--blocks 8] [--steps 8] [--rounds 25]
 
 Writes ``benchmarks/results/steady_cpu.json`` and ``.md``. Target (issue #16): a steady prompt
 with the pack <= 1.05x core's.
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=25)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "steady_cpu"))
     args = ap.parse_args(argv)
     info = machine_info(sys.argv)
