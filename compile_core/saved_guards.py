@@ -505,7 +505,8 @@ def guard_checker(fn) -> Callable[[object, tuple, dict], bool] | None:
     ``nn.Module._call_impl(self, *args, **kwargs)``, whose frame locals are exactly ``self``,
     ``args`` and ``kwargs`` (what ``bind`` and ``apply_defaults`` give): built here directly.
     Any other signature, a closure, or a torch whose function lacks these parts: None. The
-    caller (``precompiled._Region``) also compares the two on a region's first call."""
+    caller (``precompiled._Region``) uses it only once it accepted a call ``guard_check``
+    accepted."""
     try:
         art = fn._artifacts
         params = [(p.name, p.kind) for p in art.signature.parameters.values()]
