@@ -136,7 +136,6 @@ def cold_first_call(variant: str, dim: int, blocks: int) -> dict:
 def cold_rows(dim: int, depths: tuple) -> list[dict]:
     """Core and ``NESTED`` cold, each in a fresh process of its own (scratch cache), taking
     turns, at each depth: in one process the first compile also pays one-time costs."""
-    import json
     import subprocess
     rows = []
     for blocks in depths:
