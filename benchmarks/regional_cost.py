@@ -68,12 +68,11 @@ def compiled_call(variant: str, model, inputs: tuple):
     import torch
     x, t, ctx = inputs
     call = lambda m=model: m(x, t, ctx, transformer_options={})  # noqa: E731
-    if variant == "core":
-        whole = torch.compile(model, options={"guard_filter_fn": skip_torch_compile_dict()})
-        return lambda: whole(x, t, ctx, transformer_options={})
-    if variant == NESTED:
-        _nest_blocks(model)
-        whole = torch.compile(model, options={"guard_filter_fn": skip_torch_compile_dict()})
+    if variant in ("core", NESTED):  # core's whole-model compile, with its guard filter
+        from comfy_extras.nodes_torch_compile import skip_torch_compile_dict
+        if variant == NESTED:
+            _nest_blocks(model)
+        whole = torch.compile(model, options={"guard_filter_fn": skip_torch_compile_dict})
         return lambda: whole(x, t, ctx, transformer_options={})
     if variant == "torch regional":
         for block in model.blocks:
@@ -94,12 +93,6 @@ def _variants(nested: bool, whole_split: bool) -> tuple:
     pays the process's one-time compile costs."""
     head = ("eager", NESTED) if nested else ("eager",)
     return head + VARIANTS[1:] + (tuple(WHOLE_SPLIT) if whole_split else ())
-
-
-def skip_torch_compile_dict():
-    """Core's guard filter (ComfyUI's TorchCompileModel passes it to ``torch.compile``)."""
-    from comfy_extras.nodes_torch_compile import skip_torch_compile_dict as core_filter
-    return core_filter
 
 
 def _nest_blocks(model) -> None:
