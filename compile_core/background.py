@@ -59,6 +59,7 @@ class Job:
         self.what = ""  # what it compiles, for the log ("the first input", "a new input")
         self.result = None  # what ``fn`` returned
         self.on_done: Callable[[], None] | None = None  # called on the worker once ``done`` is set
+        self.optional = False  # deferred (``defer``): model calls run eagerly beside it, none waits
 
     def _run(self) -> None:
         start = time.perf_counter()
@@ -87,18 +88,23 @@ class _Worker:
         self._idle = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._jobs: list[Job] = []  # queued or running, in order
+        self._deferred: list[tuple[Job, Callable[[], bool]]] = []  # see ``defer``
         self._running = False
+        self.current: Job | None = None  # the job running now
 
     def submit(self, job: Job) -> Job:
         with self._lock:
             self._pending += 1
             self._jobs.append(job)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="tcs-background-compile",
-                                                daemon=True)
-                self._thread.start()
+            self._start_thread()
         self._queue.put(job)
         return job
+
+    def _start_thread(self) -> None:  # (under self._lock)
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="tcs-background-compile",
+                                            daemon=True)
+            self._thread.start()
 
     def busy(self) -> bool:
         return self._pending > 0
@@ -117,22 +123,69 @@ class _Worker:
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
+    def defer(self, job: Job, ready: Callable[[], bool]) -> Job:
+        """Keep ``job`` aside until ``ready()`` and the host is idle; it is not queued (nor
+        ``busy``) before, so it neither holds up the jobs queued after it nor a ``wait_idle``."""
+        job.optional = True
+        with self._lock:
+            self._deferred.append((job, ready))
+            self._start_thread()
+        self._queue.put(None)  # wakes a worker waiting for a job: from now on it polls
+        return job
+
+    def _take_deferred(self) -> Job | None:
+        """The first deferred job that may start now, counted as pending from here on."""
+        with self._lock:
+            if not self._deferred or self._pending:
+                return None
+            job, ready = self._deferred[0]
+        if not (ready() and _host_idle()):
+            return None
+        with self._lock:
+            self._deferred.pop(0)
+            self._pending += 1
+            self._jobs.append(job)
+        return job
+
+    def _next(self) -> Job | None:
+        """The next queued job, else a deferred one that may start (None: neither yet)."""
+        try:
+            job = self._queue.get(timeout=RELEASE_POLL if self._deferred else None)
+        except queue.Empty:
+            job = None
+        return job if job is not None else self._take_deferred()
+
     def _loop(self) -> None:
         # (not niced: tracing is Python under the GIL, and a niced thread rarely wins the GIL
         # from a busy main thread; measured: a 25 s compile did not finish in 80 s)
         while True:
-            job = self._queue.get()
+            job = self._next()
+            if job is None:
+                continue
             _wait_for_release(job)
-            self._running = True
+            self._running, self.current = True, job
             try:
                 with short_gil_turns():
-                    job._run()
+                    _in_own_thread(job._run, job.label)
             finally:
-                self._running = False
+                self._running, self.current = False, None
                 with self._idle:
                     self._pending -= 1
                     self._jobs.remove(job)
                     self._idle.notify_all()
+
+
+def _in_own_thread(fn: Callable[[], None], label: str) -> None:
+    """Run ``fn`` in a thread that ends with it. A compile runs its graphs once on the captured
+    inputs, and on the CPU their OpenMP loops give the calling thread a thread team of its own
+    that lives as long as the thread. With a second team alive, the OpenMP runtime has more
+    threads than cores and stops spinning between parallel loops, so every later model call is
+    slower (measured, 2 cores, tiny WAN: the regional graphs 52 -> 90 ms a call, the whole graph
+    44 -> 69 ms, after a compile on the long-lived worker; unchanged after one in a thread that
+    ended)."""
+    thread = threading.Thread(target=fn, name=f"tcs-compile {label}"[:60], daemon=True)
+    thread.start()
+    thread.join()
 
 
 WORKER = _Worker()
@@ -194,6 +247,20 @@ def short_gil_turns() -> Iterator[None]:
 def submit(fn: Callable[[], None], label: str, hold: bool = False) -> Job:
     """Queue ``fn`` on the worker, in a copy of the caller's context (``hold``: see above)."""
     return WORKER.submit(Job(fn, label, hold))
+
+
+def defer(fn: Callable[[], None], label: str, ready: Callable[[], bool]) -> Job:
+    """Run ``fn`` on the worker once ``ready()`` holds, the host is idle and no other job is
+    pending (an optional compile that must never run beside a sampling run, see
+    ``whole_graph``), in a copy of the caller's context."""
+    return WORKER.defer(Job(fn, label), ready)
+
+
+def optional_running() -> bool:
+    """A deferred job (``defer``) is compiling now: a model call runs eagerly beside it
+    (``eager_beside_worker``) rather than wait for an optional compile."""
+    job = WORKER.current
+    return job is not None and job.optional
 
 
 def busy() -> bool:
