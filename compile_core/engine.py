@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from . import (background, fallback, log, new_shapes, precompiled, prewarm, scoped, shapes,
-               torch_compat, warmup)
+               torch_compat, warmup, whole_graph)
 from .fingerprint import fingerprint
 from .fleet import Fleet
 from .persist import PersistentCache
@@ -189,6 +189,7 @@ class CompiledModel:
     # called on the worker when a background compile of this model is done (the bridge sends
     # the badge's status: a held compile ends after its run, when no model call would)
     on_background_done: Callable[[], None] | None = None
+    whole: whole_graph.WholeGraph | None = None  # the whole-graph stage, where it is on
 
     @property
     def fingerprint(self) -> str:
@@ -208,6 +209,8 @@ class CompiledModel:
             self._sampling_run = outer
             if not outer and self._job is not None:
                 self._job.run_over = True  # held (CPU): it starts once the host is idle
+            if not outer and self.whole is not None:
+                self.whole.run_over = True
 
     def mark_warmed(self) -> None:
         """Kernels are being warmed elsewhere (compile-ahead): skip the first-call PTX warm-up."""
@@ -222,13 +225,20 @@ class CompiledModel:
         may run eagerly instead while the worker compiles (``_run_background``); a compile this
         call queues runs inside ``worker_context()`` on the worker (what the caller's own
         context does around this call, e.g. the bridge's LoRA routing)."""
+        quiet = not self.changed
         self.changed, self._worker_context = False, worker_context
         if self.entry.failed:
             return call()
+        if self.whole is not None and not self._foreground:
+            got = self.whole.run(self, diffusion_model, call, device, quiet)
+            if got is not None:
+                return got[0]
         if self.settings.background_compile and not self._foreground:
             eager = self._run_background(diffusion_model, call, device)
             if eager is not None:
                 return eager[0]
+        elif background.optional_running() and not self._foreground:  # (never wait for it)
+            return background.eager_beside_worker(call, device)
         elif background.busy():  # its compile scope's environment is process-wide: wait
             log.info_once("wait-background", "waiting for a background compile to finish before "
                           "running a model compiled in the foreground")
@@ -544,9 +554,11 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     else:
         entry, reused = CompiledEntry(fp, factory()), False
     description = plan.describe(diffusion_model)
+    whole = whole_graph.WholeGraph() if whole_graph.wanted(plan) and not entry.failed else None
     log.info("%s [%s, mode=%s, fingerprint %s]", _prepared(entry, reused, description),
              settings.backend, settings.mode, fp[:12])
-    return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet)
+    return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet,
+                         whole=whole)
 
 
 def _prepared(entry: CompiledEntry, reused: bool, description: str) -> str:

@@ -1,0 +1,221 @@
+"""After a regional compile, the whole model as one graph, its blocks nested (experimental, #16).
+
+A regional compile leaves the glue between the blocks eager (WAN's text and time embeddings,
+its RoPE tables, the head) and makes every block a compiled call of its own. On a small model
+that is the steady gap to core's whole-model compile (``benchmarks/results/regional_cpu.md``).
+With ``TORCH_COMPILE_SPEED_WHOLE_GRAPH=1`` a regional model whose compile has settled (a model
+call that compiled nothing) gets a second compile: the whole diffusion model as one graph, with
+each region module's forward as a ``torch.compiler.nested_compile_region`` (torch's hierarchical
+compile: dynamo traces one block of a class and reuses the trace for the others, so the compile
+grows little with depth).
+
+- It runs on the background worker, only once the sampling run is over and the server is idle
+  (``background.defer``). If a prompt comes while it compiles, model calls run eagerly beside
+  it rather than wait.
+- From then on, a model call that the whole graph's guards accept, checked before the call as
+  dynamo would check them, runs it. Any other call (a new size, a patch the graph did not see)
+  runs the regional graphs as before (``RegionalOnMiss``), so the whole graph never compiles
+  on the sampling thread.
+- A failed or empty compile leaves the regional graphs in place, with one warning.
+
+Nothing is saved across restarts beyond inductor's own FX-graph cache (in its default folder):
+a restarted server takes its saved regions first, and this compile runs again when it is idle.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import types
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from . import background, log, torch_compat
+from .regions import WHOLE_MODEL, RegionPlan
+from .registry import CompiledEntry
+
+ENV = "TORCH_COMPILE_SPEED_WHOLE_GRAPH"  # operator: "1" turns this stage on
+
+
+def wanted(plan: RegionPlan) -> bool:
+    """The stage is on (``ENV``) for a regional compile."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value not in ("", "0", "1", "on", "off", "true", "false", "yes", "no"):
+        log.warn_once("whole-graph-env", "%s=%r is not 1 or 0: the whole-graph stage stays off", ENV, value)
+        return False
+    return value in ("1", "on", "true", "yes") and plan.regional
+
+
+def _nested(forward: Callable, reuse: int) -> Callable:
+    """``forward`` as one nested compile region, keeping ``reuse`` traces where this torch can."""
+    try:
+        return torch.compiler.nested_compile_region(forward, max_reuse_entries=reuse)
+    except TypeError:  # a torch without max_reuse_entries
+        return torch.compiler.nested_compile_region(forward)
+
+
+def _region_forward(region: Callable) -> Callable:
+    """A region module's forward through ``region``, its first input made contiguous: block 0
+    of WAN gets the patch embedding's transposed view, the others a contiguous tensor, and
+    torch reuses a nested region's trace only for inputs with the same strides."""
+    def forward(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.Tensor):
+            args = (args[0].contiguous(), *args[1:])
+        return region(self, *args, **kwargs)
+    return forward
+
+
+class NestedBlocks:
+    """The region modules' forwards as nested compile regions (one per class), while attached."""
+
+    def __init__(self):
+        self._regions: dict[type, Callable] = {}
+        self._forwards: dict[int, Callable] = {}
+        self._on: list[nn.Module] = []
+
+    def _forward(self, module: nn.Module, count: int) -> Callable:
+        got = self._forwards.get(id(module))
+        if got is None or got.__self__ is not module:
+            cls = type(module)
+            if cls not in self._regions:
+                self._regions[cls] = _nested(cls.forward, count + 8)
+            got = self._forwards[id(module)] = types.MethodType(_region_forward(self._regions[cls]), module)
+        return got
+
+    @contextlib.contextmanager
+    def attached(self, modules: list[nn.Module]) -> Iterator[None]:
+        """Inside the block each module's ``forward`` is its nested region (an instance
+        attribute, removed after). A module whose forward someone else replaced is left as it is
+        (traced inline)."""
+        on = [m for m in modules if "forward" not in m.__dict__]
+        for m in on:
+            m.__dict__["forward"] = self._forward(m, len(modules))
+        self._on = on
+        try:
+            yield
+        finally:
+            for m in on:
+                m.__dict__.pop("forward", None)
+            self._on = []
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """The modules' own forwards inside the block (the regional graphs must not trace the
+        nested ones)."""
+        on = self._on
+        for m in on:
+            m.__dict__.pop("forward", None)
+        try:
+            yield
+        finally:
+            for m in on:
+                m.__dict__["forward"] = self._forwards[id(m)]
+
+
+class RegionalOnMiss:
+    """The whole graph's ``miss`` (see ``shapes.shaped_call``): a call no graph of it takes runs
+    the regional graphs instead, never a compile of the whole model on this thread."""
+
+    def __init__(self, stage: "WholeGraph", regional, device: torch.device):
+        self.stage, self.regional, self.device = stage, regional, device
+        self.captured: dict = {}  # (nothing to queue: the regional path queues its own)
+        self.eager_regions = 0
+
+    def run(self, module, args, kwargs, shaped, shaped_kwargs, fast=None) -> tuple | None:
+        if torch_compat.cached_graph_accepts(self.stage.cm.entry.compiled, module, shaped, shaped_kwargs):
+            return None
+        self.stage.regional_calls += 1
+        with self.stage.nested.suspended():
+            return (self.regional._run_compiled(module, lambda: nn.Module._call_impl(module, *args, **kwargs),
+                                                self.device),)
+
+
+@dataclasses.dataclass
+class WholeGraph:
+    """The second stage of one regional ``engine.CompiledModel``."""
+    state: str = "waiting"  # -> "queued" -> "ready" | "failed"
+    cm: object = None  # the whole model's CompiledModel, made when its inputs are captured
+    job: background.Job | None = None
+    run_over: bool = False  # the sampling run that captured the inputs has ended
+    nested: NestedBlocks = dataclasses.field(default_factory=NestedBlocks)
+    taken: int = 0  # model calls the whole graph ran
+    regional_calls: int = 0  # model calls it did not take (they ran the regional graphs)
+
+    def run(self, regional, dm: nn.Module, call: Callable[[], object], device: torch.device,
+            quiet: bool) -> tuple | None:
+        """``(output,)`` of a call this stage ran (whole graph, beside its compile, or the call
+        whose inputs it captured); None: the regional path runs it. ``quiet``: the model's
+        previous call compiled nothing."""
+        if self.state == "queued" and self.job.done.is_set() and not background.busy():
+            self._finish(regional)
+        if self.state == "ready":
+            return (self._run_whole(regional, dm, call, device),)
+        if self.state == "queued" and background.optional_running():
+            return (background.eager_beside_worker(call, device),)
+        if self.state == "waiting" and quiet and _settled(regional):
+            return (self._capture(regional, dm, call, device),)
+        return None
+
+    def _capture(self, regional, dm, call, device):
+        """Run the call on the regional graphs, keeping the diffusion model's inputs, and defer
+        the whole graph's compile on them (if the call compiled nothing new)."""
+        out, captured = background.capture_eager([dm], lambda: regional._run_compiled(dm, call, device), type)
+        if captured and not regional.changed and not regional.entry.failed:
+            self._defer(regional, dm, captured, device)
+        return out
+
+    def _defer(self, regional, dm, captured: list, device: torch.device) -> None:
+        from . import engine
+        settings = background.settings_for(dataclasses.replace(regional.settings, blocks_only=False,
+                                                               background_compile=True), device)
+        entry = CompiledEntry(f"{regional.fingerprint}-whole", engine.make_compiled_call(settings))
+        self.cm = engine.CompiledModel(settings, RegionPlan((WHOLE_MODEL,), ""), entry, False,
+                                       f"{regional.description} as one graph", regional.ptx_cache_dir)
+        blocks, outer = regional.plan.modules(dm), regional._worker_context
+        context = functools.partial(_both, outer, functools.partial(self.nested.attached, blocks))
+        self.run_over = regional._sampling_run == 0
+        self.job = background.defer(functools.partial(self.cm._compile_captured, captured, device, context),
+                                    self.cm.description, lambda: self.run_over)
+        self.state = "queued"
+        log.info("%s: its regional compile has settled; compiling it as one graph (blocks nested) "
+                 "in the background once the server is idle", regional.description)
+
+    def _finish(self, regional) -> None:
+        job, regional.changed = self.job, True
+        if job.error is not None or not job.result:
+            self.state = "failed"
+            why = f"{type(job.error).__name__}: {job.error}" if job.error is not None else "it compiled no graph"
+            log.warning("the whole-graph compile of %s did not succeed, so it keeps running its regional "
+                        "graphs (output unchanged): %s", regional.description, str(why)[:500])
+            return
+        self.state = "ready"
+        log.info("compiled %s in the background in %.1f s; model calls its guards accept run it from "
+                 "now on", self.cm.description, job.seconds)
+
+    def _run_whole(self, regional, dm, call, device):
+        from . import engine
+        cm = self.cm
+        scope, _ = cm._scope(device.type == "cuda")
+        miss = RegionalOnMiss(self, regional, device)
+        before = self.regional_calls
+        with scope.active(), self.nested.attached(regional.plan.modules(dm)), \
+                engine.attached([dm], cm.entry.compiled, "", cm.settings.shape_policy, True, None,
+                                cm._shapers, miss):
+            out = call()
+        self.taken += self.regional_calls == before
+        return out
+
+
+def _settled(regional) -> bool:
+    """Compiled, nothing pending, not failed, and no compile queued anywhere."""
+    return (regional.entry.graphs > 0 and not regional.entry.failed and regional._job is None
+            and regional._ran and not background.busy())
+
+
+@contextlib.contextmanager
+def _both(outer: Callable | None, inner: Callable) -> Iterator[None]:
+    with (outer() if outer is not None else contextlib.nullcontext()), inner():
+        yield
