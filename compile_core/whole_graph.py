@@ -10,8 +10,8 @@ compile: dynamo traces one block of a class and reuses the trace for the others,
 grows little with depth).
 
 - It runs on the background worker, only once the sampling run is over and the server is idle
-  (``background.defer``). If a prompt comes while it compiles, model calls run eagerly beside
-  it rather than wait.
+  (``background.defer``). If a prompt comes while it compiles, model calls run beside it
+  rather than wait: on their compiled regions (``engine.CompiledModel._beside_optional``).
 - From then on, a model call that the whole graph's guards accept, checked before the call as
   dynamo would check them, runs it. Any other call (a new size, a patch the graph did not see)
   runs the regional graphs as before (``RegionalOnMiss``), so the whole graph never compiles
@@ -146,15 +146,13 @@ class WholeGraph:
 
     def run(self, regional, dm: nn.Module, call: Callable[[], object], device: torch.device,
             quiet: bool) -> tuple | None:
-        """``(output,)`` of a call this stage ran (whole graph, beside its compile, or the call
-        whose inputs it captured); None: the regional path runs it. ``quiet``: the model's
-        previous call compiled nothing."""
+        """``(output,)`` of a call this stage ran (the whole graph, or the call whose inputs it
+        captured); None: the regional path runs it. ``quiet``: the model's previous call
+        compiled nothing."""
         if self.state == "queued" and self.job.done.is_set() and not background.busy():
             self._finish(regional)
         if self.state == "ready":
             return (self._run_whole(regional, dm, call, device),)
-        if self.state == "queued" and background.optional_running():
-            return (background.eager_beside_worker(call, device),)
         if self.state == "waiting" and quiet and _settled(regional):
             return (self._capture(regional, dm, call, device),)
         return None
@@ -207,6 +205,14 @@ class WholeGraph:
             out = call()
         self.taken += self.regional_calls == before
         return out
+
+
+def of(entry: CompiledEntry) -> WholeGraph:
+    """The stage of a compiled entry, made on first use: every Apply that reuses the entry
+    (a re-run node, a clone) shares its whole graph, as it shares its regional graphs."""
+    if entry.whole is None:
+        entry.whole = WholeGraph()
+    return entry.whole
 
 
 def _settled(regional) -> bool:

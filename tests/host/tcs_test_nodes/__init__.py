@@ -109,7 +109,15 @@ def _model_report(patcher):
         "diffusion_model_wrapper_keys": wrapper_keys("diffusion_model"),
         "diffusion_model_type": type(dm).__name__,
         "is_optimized_module": any(_is_optimized(m) for m in [dm, *modules]),
+        "pack_status": _pack_status(patcher),
     }
+
+
+def _pack_status(patcher):
+    """The pack's status payload of this model (None when the pack did not compile it)."""
+    bridge, status = _pack_module("comfy_bridge", "nodes"), _pack_module("status")
+    compiled = bridge.compiled_model_of(patcher)[0] if bridge is not None else None
+    return status.status_payload(compiled) if compiled is not None else None
 
 
 class TCSTestLatentAfter:

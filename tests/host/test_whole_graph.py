@@ -1,0 +1,67 @@
+"""The experimental whole-graph stage (``TORCH_COMPILE_SPEED_WHOLE_GRAPH=1``) on a real ComfyUI
+server: after the regional compile settles, the whole model compiles as one graph once the
+server is idle, and the next prompt runs it, with eager's output and nothing compiled on the
+sampling thread; a new size runs without compiling the whole graph again on that thread."""
+import time
+
+import pytest
+
+from harness import ComfyHost, counters_delta, new_graphs, pack_lines, rel_l2, wan_t2v_prompt
+
+SETTINGS = {"backend": "aot_eager"}  # the node's defaults otherwise (regional, foreground)
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory, tiny_wan_path):
+    h = ComfyHost(tmp_path_factory.mktemp("whole_graph"), models=[tiny_wan_path],
+                  env={"TORCH_COMPILE_SPEED_WHOLE_GRAPH": "1"})
+    with h:
+        yield h
+
+
+def _prompt(tiny_wan, prefix, **kw):
+    return wan_t2v_prompt(tiny_wan, compile_settings=SETTINGS, steps=STEPS, prefix=prefix, **kw)
+
+
+def _wait_for(host, needle, since, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = pack_lines(host.log_text(since=since), needle)
+        if lines:
+            return lines
+        time.sleep(0.5)
+    raise AssertionError(f"no {needle!r} in the log:\n{host.log_text(since=since)}")
+
+
+def test_the_whole_graph_compiles_when_idle_and_runs_the_next_prompt(host, tiny_wan):
+    offset = host.log_offset()
+    first = host.run(_prompt(tiny_wan, "regional"))
+    status = host.probe(first)["pack_status"]["whole_graph"]
+    assert status["state"] == "queued" and status["taken"] == 0, status
+    assert len(pack_lines(host.log_text(since=offset), "its regional compile has settled")) == 1
+    _wait_for(host, "as one graph in the background: 1 graph(s)", offset)
+    eager_run = host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS, prefix="eager"))
+
+    hist = host.run(_prompt(tiny_wan, "whole"))
+    report = host.probe(hist)
+    status = report["pack_status"]["whole_graph"]
+    assert status == {"state": "ready", "taken": STEPS, "regional_calls": 0, "graphs": 1}, status
+    assert new_graphs(counters_delta(host.probe(eager_run)["counters"], report["counters"])) == 0
+    eager = host.latent(eager_run)
+    assert rel_l2(host.latent(hist), eager) < 1e-3
+    assert report["modules_with_compiled_call_impl"] == 0  # nothing left attached after the run
+    assert len(pack_lines(host.log_text(since=offset), "model calls its guards accept run it")) == 1
+    assert not pack_lines(host.log_text(since=offset), "did not succeed")
+
+
+def test_a_new_size_does_not_compile_the_whole_graph_on_the_sampling_thread(host, tiny_wan):
+    before = host.probe(host.run(_prompt(tiny_wan, "warm")))["pack_status"]["whole_graph"]
+    assert before["state"] == "ready", before
+    eager = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS, width=160,
+                                                prefix="eager_160")))
+    hist = host.run(_prompt(tiny_wan, "new_size", width=160))
+    after = host.probe(hist)["pack_status"]["whole_graph"]
+    assert after["graphs"] == 1, after  # the whole graph took it or the regional graphs did
+    assert after["taken"] + after["regional_calls"] == before["taken"] + before["regional_calls"] + STEPS
+    assert rel_l2(host.latent(hist), eager) < 1e-3
