@@ -157,14 +157,6 @@ class _CompilePass:
     lazy_scope: bool = False  # the saved regions enter the scope (``_begin_compile``)
 
 
-def _compiled_beside(device: torch.device) -> bool:
-    """Compiled graphs may run beside a background compile: off the CPU (an eager call there
-    runs on one thread fewer to leave the compile a core, and a compiled one cannot: the
-    thread count is in dynamo's guards), where a scope on this thread cannot undo the
-    worker's knobs (``torch_compat.context_local_config``)."""
-    return device.type != "cpu" and torch_compat.context_local_config()
-
-
 def _region_variant(module: nn.Module) -> object:
     """Regions whose first inputs a background compile needs: one per class and structure
     (identical blocks share a graph)."""
@@ -241,8 +233,10 @@ class CompiledModel:
             got = self.whole.run(self, diffusion_model, call, device, quiet)
             if got is not None:
                 return got[0]
-        if background.optional_running() and not self._foreground:  # never wait for it
-            return self._beside_optional(diffusion_model, call, device)
+        if background.optional_running() and not self._foreground:
+            # never wait for an optional compile; no scope of this thread may overlap the
+            # worker's (restored out of order, it would leave the cache folder set)
+            return background.eager_beside_worker(call, device)
         if self.settings.background_compile and not self._foreground:
             eager = self._run_background(diffusion_model, call, device)
             if eager is not None:
@@ -252,15 +246,6 @@ class CompiledModel:
                           "running a model compiled in the foreground")
             background.wait_idle()
         return self._run_compiled(diffusion_model, call, device)
-
-    def _beside_optional(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device):
-        """A call while an optional compile (``background.defer``) runs, beside the worker (a
-        call that lands in its fx tracer runs again): on the compiled regions where
-        ``_compiled_beside`` allows it and they are settled, eagerly otherwise."""
-        settled = self.entry.graphs and self._job is None and not self.entry.failed
-        if settled and _compiled_beside(device):
-            return background.eager_beside_worker(lambda: self._run_compiled(diffusion_model, call, device))
-        return background.eager_beside_worker(call, device)
 
     def _run_compiled(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device):
         """The foreground path: compile (first call, recompiles) and run on this thread."""

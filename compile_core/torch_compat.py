@@ -440,29 +440,6 @@ def auto_fx_knobs() -> dict[str, object]:
     return knobs
 
 
-@functools.lru_cache(maxsize=None)
-def context_local_config() -> bool:
-    """A dynamo config value set on one thread is not seen on another (torch keeps overrides
-    in context variables): two threads' compile scopes cannot undo each other's knobs."""
-    import threading
-    from torch._dynamo import config
-    old, seen = config.verbose, []
-
-    def other_thread():
-        setattr(config, "verbose", not old)
-        try:
-            seen.append(config.verbose)
-        finally:
-            setattr(config, "verbose", old)
-
-    def run():
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        thread.join()
-        return seen == [not old] and config.verbose == old
-    return _probe(run)
-
-
 # ------------------------------------------------------------------------------ summary
 
 FEATURES: dict[str, Callable[[], object]] = {
@@ -480,7 +457,6 @@ FEATURES: dict[str, Callable[[], object]] = {
     "cache_artifacts": cache_artifacts,
     "opaque_weight_fetch": opaque_weight_fetch,
     "guard_check": guard_check,
-    "context_local_config": context_local_config,
 }
 
 

@@ -10,8 +10,8 @@ compile: dynamo traces one block of a class and reuses the trace for the others,
 grows little with depth).
 
 - It runs on the background worker, only once the sampling run is over and the server is idle
-  (``background.defer``). If a prompt comes while it compiles, model calls run beside it
-  rather than wait: on their compiled regions (``engine.CompiledModel._beside_optional``).
+  (``background.defer``). If a prompt comes while it compiles, model calls run eagerly beside
+  it rather than wait (``engine.CompiledModel.run``).
 - From then on, a model call that the whole graph's guards accept, checked before the call as
   dynamo would check them, runs it. Any other call (a new size, a patch the graph did not see)
   runs the regional graphs as before (``RegionalOnMiss``), so the whole graph never compiles

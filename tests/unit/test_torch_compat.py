@@ -22,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBES = [tc.compile_works, tc.isolate_recompiles, tc.recompile_limit_kwarg, tc.recompile_limit_knob,
           tc.mark_unbacked, tc.guard_filter_fn, tc.aot_compile_knobs, tc.load_compiled_function,
           tc.backed_size_oblivious_safe, tc.nested_compile_region, tc.cache_artifacts,
-          tc.opaque_weight_fetch, tc.guard_check, tc.context_local_config]
+          tc.opaque_weight_fetch, tc.guard_check]
 
 
 # ----------------------------------------------------------------- this torch
@@ -32,7 +32,7 @@ _ALL = {"compile": True, "isolate_recompiles": True, "recompile_limit_kwarg": Tr
         "aot_compile": True, "aot_compile_needs_enable_aot_compile": False,
         "load_compiled_function": True, "backed_size_oblivious_safe": True,
         "nested_compile_region": True, "cache_artifacts": True, "opaque_weight_fetch": True,
-        "guard_check": True, "context_local_config": True}
+        "guard_check": True}
 _OLD = {**_ALL, "isolate_recompiles": False, "recompile_limit_kwarg": False, "opaque_weight_fetch": False,
         "guard_check": False,
         "aot_compile_needs_enable_aot_compile": True, "load_compiled_function": False,

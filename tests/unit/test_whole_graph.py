@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from compile_core import background, engine, whole_graph
-from compile_core.registry import ReuseRegistry
 from tcs_engine_helpers import eager, run, settings
 
 
@@ -88,8 +87,11 @@ def test_the_stage_is_on_only_when_asked(monkeypatch, wan, value, on, pack_log):
     assert engine.prepare(wan.Model(n_blocks=2), settings(compile_transformer_blocks_only=False)).whole is None
 
 
-def test_calls_while_it_compiles_run_the_regional_graphs_off_the_cpu_and_a_fresh_model_eagerly(
-        stage_on, wan, wan_factory, wan_inputs, graph_count, monkeypatch):  # (the other: its own entry)
+def test_calls_while_it_compiles_run_eagerly_beside_it_without_waiting(stage_on, wan, wan_inputs, graph_count,
+                                                                      monkeypatch):
+    """No scope of the sampling thread may overlap the worker's: restored out of order, the
+    two would leave the cache folder set. So the calls run eagerly (the server was idle when
+    the compile started; a prompt that comes meanwhile is the rare case)."""
     import threading
     started, release = threading.Event(), threading.Event()
     compile_captured = engine.CompiledModel._compile_captured
@@ -100,30 +102,25 @@ def test_calls_while_it_compiles_run_the_regional_graphs_off_the_cpu_and_a_fresh
             assert release.wait(60)
         return compile_captured(self, *args, **kwargs)
     monkeypatch.setattr(engine.CompiledModel, "_compile_captured", slow)
-    monkeypatch.setattr(engine, "_compiled_beside", lambda device: True)  # FAKE: as on a GPU
-    model, other = wan.Model(n_blocks=2).eval(), wan_factory().Model(n_blocks=2).eval()
+    model = wan.Model(n_blocks=2).eval()
     x, t = wan_inputs()
-    cm, cm_other = engine.prepare(model, settings()), engine.prepare(other, settings(), ReuseRegistry())
+    cm = engine.prepare(model, settings())
     for _ in range(3):
         run(cm, model, x, t)
     assert started.wait(60) and background.optional_running()
     runs, g = cm.entry.runs, graph_count()
     try:
         torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
-        torch.testing.assert_close(run(cm_other, other, x, t), eager(other, x, t))
     finally:
         release.set()
-    assert cm.entry.runs == runs + 1 and graph_count() == g  # its regional graphs, nothing compiled
-    assert cm_other.entry.runs == 0 and cm_other.entry.graphs == 0  # not compiled yet: eagerly
+    assert cm.entry.runs == runs and graph_count() == g  # eagerly: not on its compiled regions
     assert cm.whole.job.done.wait(60) and background.wait_idle(60)
     run(cm, model, x, t)
     assert cm.whole.state == "ready" and cm.whole.taken == 1
 
 
-def test_on_the_cpu_calls_while_it_compiles_run_eagerly_on_a_thread_fewer(monkeypatch, wan, wan_inputs):
-    """An eager call leaves the compile a core; compiled graphs would recompile on the changed
-    thread count (dynamo guards on it), so on the CPU a settled model runs eagerly beside it."""
-    assert not engine._compiled_beside(torch.device("cpu"))
+def test_on_the_cpu_calls_while_it_compiles_run_on_a_thread_fewer(monkeypatch, wan, wan_inputs):
+    """An eager call beside the compile leaves it a core (and puts the thread count back)."""
     monkeypatch.setattr(background, "optional_running", lambda: True)
     model = wan.Model(n_blocks=2).eval()
     x, t = wan_inputs()
