@@ -349,4 +349,10 @@ def wait(finish: bool = False) -> None:
     if t is not None and t.is_alive() and t is not threading.current_thread():
         if not finish:
             _stop.set()
-        t.join()
+        t.join(WAIT_LIMIT)
+        if t.is_alive():  # one module's import hangs (a broken package, a lock): go on
+            log.warn_once("prewarm-stuck", "the start-up warm-up thread did not stop within %d s "
+                          "(an import of it hangs); compiling without waiting for it", WAIT_LIMIT)
+
+
+WAIT_LIMIT = 300  # s: the longest a compile waits for the warm-up thread to stop

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -286,3 +288,23 @@ def test_a_compile_stops_a_running_warm_up_thread_and_waits_for_it(tmp_path):
     assert len(done) == 1, got["log"]
     indexed = int(done[0].split(" modules, ")[1].split(" source files")[0])
     assert indexed < len(files), (indexed, len(files))  # stopped early, not run to the end
+
+
+def test_a_compile_does_not_wait_forever_for_a_warm_up_that_hangs(monkeypatch, pack_log):
+    """A warm-up whose import hangs (FAKE: a thread that ignores the stop) holds a compile for
+    ``WAIT_LIMIT`` at most, and says so once."""
+    hang = threading.Event()
+    stuck = threading.Thread(target=hang.wait, args=(30,), daemon=True)
+    stuck.start()
+    monkeypatch.setattr(prewarm, "_thread", stuck)
+    monkeypatch.setattr(prewarm, "_stop", threading.Event())
+    monkeypatch.setattr(prewarm, "WAIT_LIMIT", 0.2)
+    try:
+        start = time.monotonic()
+        prewarm.wait()
+        assert time.monotonic() - start < 5 and stuck.is_alive()
+        prewarm.wait()
+        warnings = pack_log.warnings()
+        assert len(warnings) == 1 and "did not stop within" in warnings[0]
+    finally:
+        hang.set()
