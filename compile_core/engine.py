@@ -229,14 +229,14 @@ class CompiledModel:
         self.changed, self._worker_context = False, worker_context
         if self.entry.failed:
             return call()
-        if self.whole is not None and not self._foreground:
-            got = self.whole.run(self, diffusion_model, call, device, quiet)
-            if got is not None:
-                return got[0]
         if background.optional_running() and not self._foreground:
             # never wait for an optional compile; no scope of this thread may overlap the
             # worker's (restored out of order, it would leave the cache folder set)
             return background.eager_beside_worker(call, device)
+        if self.whole is not None and not self._foreground:
+            got = self.whole.run(self, diffusion_model, call, device, quiet)
+            if got is not None:
+                return got[0]
         if self.settings.background_compile and not self._foreground:
             eager = self._run_background(diffusion_model, call, device)
             if eager is not None:

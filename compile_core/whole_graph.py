@@ -151,7 +151,7 @@ class WholeGraph:
         compiled nothing."""
         if self.state == "queued" and self.job.done.is_set() and not background.busy():
             self._finish(regional)
-        if self.state == "ready":
+        if self.state == "ready" and not background.busy():  # (else: as any call beside a compile)
             return (self._run_whole(regional, dm, call, device),)
         if self.state == "waiting" and quiet and _settled(regional):
             return (self._capture(regional, dm, call, device),)

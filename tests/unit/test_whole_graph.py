@@ -136,3 +136,21 @@ def test_on_the_cpu_calls_while_it_compiles_run_on_a_thread_fewer(monkeypatch, w
     if threads > 1:
         assert seen == [threads - 1]
     assert torch.get_num_threads() == threads
+
+
+def test_a_ready_whole_graph_waits_out_another_compile_like_any_compiled_call(stage_on, wan, wan_inputs,
+                                                                               monkeypatch):
+    """Its scope must not overlap a background compile's (another model's, or this model's
+    new input): while the worker is busy the call takes the regular path, which waits (or,
+    in background mode, runs eagerly)."""
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, settings())
+    _settle_and_wait(cm, model, x, t)
+    run(cm, model, x, t)
+    assert cm.whole.taken == 1
+    waited = []
+    monkeypatch.setattr(background, "busy", lambda: True)  # FAKE: another compile is queued
+    monkeypatch.setattr(background, "wait_idle", lambda timeout=None: waited.append(1) or True)
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert cm.whole.taken == 1 and waited == [1]  # the regional path, after waiting
