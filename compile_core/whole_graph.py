@@ -175,11 +175,15 @@ class WholeGraph:
         blocks, outer = regional.plan.modules(dm), regional._worker_context
         context = functools.partial(_both, outer, functools.partial(self.nested.attached, blocks))
         self.run_over = regional._sampling_run == 0
-        self.job = background.defer(functools.partial(self.cm._compile_captured, captured, device, context),
+        self.job = background.defer(functools.partial(self._compile, captured, device, context),
                                     self.cm.description, lambda: self.run_over)
         self.state = "queued"
         log.info("%s: its regional compile has settled; compiling it as one graph (blocks nested) "
                  "in the background once the server is idle", regional.description)
+
+    def _compile(self, captured: list, device: torch.device, context: Callable) -> int:
+        log.info("the server is idle: compiling %s in the background now", self.cm.description)
+        return self.cm._compile_captured(captured, device, context)
 
     def _finish(self, regional) -> None:
         job, regional.changed = self.job, True

@@ -1,7 +1,7 @@
 """Apply Torch Compile: MODEL + WANCOMPILEARGS -> a compiled clone of MODEL."""
 from __future__ import annotations
 
-from ..compile_core import background, engine, fallback, log
+from ..compile_core import background, engine, fallback, log, warmup
 from ..compile_core.paths import resolve_workflow_cache_dir
 from ..compile_core.fleet import Fleet
 from ..compile_core.persist import PersistentCache
@@ -56,8 +56,11 @@ class ApplyTorchCompile:
             return (model,)
         patched = comfy_bridge.with_compile_wrapper(model, compiled, unique_id)
         # logs and skips its own failures; a cancel (ComfyUI's interrupt) propagates. Declared
-        # shapes are compiled here, on this thread, even in background mode
-        with compiled.foreground():
-            comfy_bridge.compile_ahead(patched, compiled)
+        # shapes are compiled here, on this thread, even in background mode. Only then does the
+        # node wait for a busy background worker (``foreground``): a prompt that only re-runs
+        # the node must not wait for another model's compile
+        if warmup.ahead_sizes(compiled.settings):
+            with compiled.foreground():
+                comfy_bridge.compile_ahead(patched, compiled)
         comfy_bridge.send_status(status_payload(compiled, unique_id))
         return (patched,)

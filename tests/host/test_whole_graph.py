@@ -65,3 +65,26 @@ def test_a_new_size_does_not_compile_the_whole_graph_on_the_sampling_thread(host
     assert after["graphs"] == 1, after  # the whole graph took it or the regional graphs did
     assert after["taken"] + after["regional_calls"] == before["taken"] + before["regional_calls"] + STEPS
     assert rel_l2(host.latent(hist), eager) < 1e-3
+
+
+def test_a_prompt_during_its_compile_neither_waits_for_it_nor_compiles(tmp_path, tiny_wan_path, tiny_wan):
+    """A prompt that comes while the stage compiles runs beside it, eagerly, even when its
+    Apply node runs again (a changed setting): the Apply node waits for a busy worker only
+    when it has declared shapes to compile ahead."""
+    slow = {"backend": "tcs_test_slow_backend"}  # (test nodes: sleeps 4 s per graph)
+    with ComfyHost(tmp_path / "server", models=[tiny_wan_path],
+                   env={"TORCH_COMPILE_SPEED_WHOLE_GRAPH": "1"}) as host:
+        offset = host.log_offset()
+        first = host.probe(host.run(wan_t2v_prompt(tiny_wan, compile_settings=slow, steps=STEPS,
+                                                   prefix="first")))["pack_status"]
+        _wait_for(host, "the server is idle: compiling", offset)
+        changed = {**slow, "dynamo_recompile_limit": 16}  # the Apply node runs again
+        hist = host.run(wan_t2v_prompt(tiny_wan, compile_settings=changed, steps=STEPS, prefix="during"))
+        during = host.log_text(since=offset)
+        assert not pack_lines(during, "as one graph in the background: 1 graph(s)"), during  # still compiling
+        status = host.probe(hist)["pack_status"]
+        assert status["state"] == "reused", status  # the same compiled entry, a new Apply
+        assert status["runs"] == first["runs"] and status["graphs"] == first["graphs"]  # eagerly beside it
+        _wait_for(host, "as one graph in the background: 1 graph(s)", offset)
+        eager = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS, prefix="eager")))
+        assert rel_l2(host.latent(hist), eager) < 1e-3
