@@ -187,6 +187,7 @@ class WholeGraph:
 
     def _finish(self, regional) -> None:
         job, regional.changed = self.job, True
+        self.job = None  # (its function holds the captured inputs: on a GPU, a copy of the latent)
         if job.error is not None or not job.result:
             self.state = "failed"
             why = f"{type(job.error).__name__}: {job.error}" if job.error is not None else "it compiled no graph"

@@ -35,6 +35,7 @@ def test_the_whole_graph_takes_over_once_the_regional_compile_settles(stage_on, 
     g = graph_count()
     torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
     assert cm.whole.state == "ready" and cm.whole.taken == 1 and cm.whole.regional_calls == 0
+    assert cm.whole.job is None  # the job, and the inputs it captured, are let go
     assert cm.changed and graph_count() == g  # it ran the worker's graph: nothing compiled here
     torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
     assert cm.whole.taken == 2
