@@ -89,7 +89,6 @@ class _Worker:
         self._thread: threading.Thread | None = None
         self._jobs: list[Job] = []  # queued or running, in order
         self._deferred: list[tuple[Job, Callable[[], bool]]] = []  # see ``defer``
-        self._running = False
         self.current: Job | None = None  # the job running now
 
     def submit(self, job: Job) -> Job:
@@ -111,7 +110,7 @@ class _Worker:
 
     def running(self) -> bool:
         """A job is compiling now (not only queued or held)."""
-        return self._running
+        return self.current is not None
 
     def release_all(self) -> None:
         with self._lock:
@@ -163,12 +162,12 @@ class _Worker:
             if job is None:
                 continue
             _wait_for_release(job)
-            self._running, self.current = True, job
+            self.current = job
             try:
                 with short_gil_turns():
                     _in_own_thread(job._run, job.label)
             finally:
-                self._running, self.current = False, None
+                self.current = None
                 with self._idle:
                     self._pending -= 1
                     self._jobs.remove(job)

@@ -121,8 +121,6 @@ class RegionalOnMiss:
 
     def __init__(self, stage: "WholeGraph", regional, device: torch.device):
         self.stage, self.regional, self.device = stage, regional, device
-        self.captured: dict = {}  # (nothing to queue: the regional path queues its own)
-        self.eager_regions = 0
 
     def run(self, module, args, kwargs, shaped, shaped_kwargs, fast=None) -> tuple | None:
         if torch_compat.cached_graph_accepts(self.stage.cm.entry.compiled, module, shaped, shaped_kwargs):
