@@ -90,6 +90,7 @@ class _Worker:
         self._jobs: list[Job] = []  # queued or running, in order
         self._deferred: list[tuple[Job, Callable[[], bool]]] = []  # see ``defer``
         self.current: Job | None = None  # the job running now
+        self._holds = 0  # callers keeping deferred jobs from starting (``quiet``)
 
     def submit(self, job: Job) -> Job:
         with self._lock:
@@ -132,15 +133,28 @@ class _Worker:
         self._queue.put(None)  # wakes a worker waiting for a job: from now on it polls
         return job
 
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[bool]:
+        with self._lock:
+            quiet = not self._pending
+            self._holds += quiet
+        try:
+            yield quiet
+        finally:
+            with self._lock:
+                self._holds -= quiet
+
     def _take_deferred(self) -> Job | None:
         """The first deferred job that may start now, counted as pending from here on."""
         with self._lock:
-            if not self._deferred or self._pending:
+            if not self._deferred or self._pending or self._holds:
                 return None
             job, ready = self._deferred[0]
         if not (ready() and _host_idle()):
             return None
         with self._lock:
+            if self._pending or self._holds or not self._deferred or self._deferred[0][0] is not job:
+                return None
             self._deferred.pop(0)
             self._pending += 1
             self._jobs.append(job)
@@ -265,6 +279,13 @@ def optional_running() -> bool:
 def busy() -> bool:
     """A job is queued or running."""
     return WORKER.busy()
+
+
+def quiet() -> "contextlib.AbstractContextManager[bool]":
+    """``with quiet() as q``: q is True when no job is queued or running, and then no deferred
+    job starts until the block ends (a process-wide compiler setting the block makes must not
+    reach a compile on the worker); False: a job is pending, nothing is held back."""
+    return WORKER.quiet()
 
 
 def wait_idle(timeout: float | None = None) -> bool:

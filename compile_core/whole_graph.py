@@ -12,10 +12,9 @@ grows little with depth).
 - It runs on the background worker, only once the sampling run is over and the server is idle
   (``background.defer``). If a prompt comes while it compiles, model calls run eagerly beside
   it rather than wait (``engine.CompiledModel.run``).
-- From then on, a model call that the whole graph's guards accept, checked before the call as
-  dynamo would check them, runs it. Any other call (a new size, a patch the graph did not see)
-  runs the regional graphs as before (``RegionalOnMiss``), so the whole graph never compiles
-  on the sampling thread.
+- From then on, a model call that the whole graph's guards accept runs it. Any other call (a
+  new size, a patch the graph did not see) runs the regional graphs as before
+  (``RegionalOnMiss``), so the whole graph never compiles on the sampling thread.
 - A failed or empty compile leaves the regional graphs in place, with one warning.
 
 Nothing is saved across restarts beyond inductor's own FX-graph cache (in its default folder):
@@ -117,16 +116,31 @@ class NestedBlocks:
 
 class RegionalOnMiss:
     """The whole graph's ``miss`` (see ``shapes.shaped_call``): a call no graph of it takes runs
-    the regional graphs instead, never a compile of the whole model on this thread."""
+    the regional graphs instead, never a compile of the whole model on this thread.
+
+    After a call the whole graph took, the next one goes straight to it with misses refused
+    (``torch_compat.misses_refused``): dynamo checks its guards once, and a refused call runs
+    the regional graphs. After a refusal, calls are checked ahead (``cached_graph_accepts``)
+    until one is taken again, so a run at a size the whole graph lacks pays no refusals.
+    Only for a whole graph without graph breaks: there a refused call has run nothing. With a
+    break, a refusal in a later frame would come after the code before it had run (a hook's
+    counter, say), and the regional graphs would run that code again; such a model's calls
+    are always checked ahead."""
 
     def __init__(self, stage: "WholeGraph", regional, device: torch.device):
         self.stage, self.regional, self.device = stage, regional, device
 
     def run(self, module, args, kwargs, shaped, shaped_kwargs, fast=None) -> tuple | None:
-        if torch_compat.cached_graph_accepts(self.stage.cm.entry.compiled, module, shaped, shaped_kwargs):
+        stage = self.stage
+        if stage.direct:
+            out = stage.direct_call(module, shaped, shaped_kwargs)
+            if out is not None:
+                return out
+        elif torch_compat.cached_graph_accepts(stage.cm.entry.compiled, module, shaped, shaped_kwargs):
+            stage.direct = stage.breaks == 0 and torch_compat.refusal_works()
             return None
-        self.stage.regional_calls += 1
-        with self.stage.nested.suspended():
+        stage.regional_calls += 1
+        with stage.nested.suspended():
             return (self.regional._run_compiled(module, lambda: nn.Module._call_impl(module, *args, **kwargs),
                                                 self.device),)
 
@@ -141,6 +155,9 @@ class WholeGraph:
     nested: NestedBlocks = dataclasses.field(default_factory=NestedBlocks)
     taken: int = 0  # model calls the whole graph ran
     regional_calls: int = 0  # model calls it did not take (they ran the regional graphs)
+    direct: bool = False  # the next call goes straight to the graph (``RegionalOnMiss``)
+    refusals: int = 0  # calls sent straight to it that it refused
+    breaks: int = -1  # graph breaks its compile met (-1: not compiled yet)
 
     def run(self, regional, dm: nn.Module, call: Callable[[], object], device: torch.device,
             quiet: bool) -> tuple | None:
@@ -165,8 +182,8 @@ class WholeGraph:
 
     def _defer(self, regional, dm, captured: list, device: torch.device) -> None:
         from . import engine
-        settings = background.settings_for(dataclasses.replace(regional.settings, blocks_only=False,
-                                                               background_compile=True), device)
+        settings = background.settings_for(dataclasses.replace(
+            regional.settings, blocks_only=False, background_compile=True), device)
         entry = CompiledEntry(f"{regional.fingerprint}-whole", engine.make_compiled_call(settings))
         self.cm = engine.CompiledModel(settings, RegionPlan((WHOLE_MODEL,), ""), entry, False,
                                        f"{regional.description} as one graph", regional.ptx_cache_dir)
@@ -181,7 +198,11 @@ class WholeGraph:
 
     def _compile(self, captured: list, device: torch.device, context: Callable) -> int:
         log.info("the server is idle: compiling %s in the background now", self.cm.description)
-        return self.cm._compile_captured(captured, device, context)
+        breaks = torch_compat.graph_break_count()  # (nothing else compiles meanwhile: see defer)
+        graphs = self.cm._compile_captured(captured, device, context)
+        self.breaks = torch_compat.graph_break_count() - breaks
+        torch_compat.refusal_works()  # (probed here, not on the sampling thread)
+        return graphs
 
     def _finish(self, regional) -> None:
         job, regional.changed = self.job, True
@@ -194,7 +215,26 @@ class WholeGraph:
             return
         self.state = "ready"
         log.info("compiled %s in the background in %.1f s; model calls its guards accept run it from "
-                 "now on", self.cm.description, job.seconds)
+                 "now on%s", self.cm.description, job.seconds,
+                 f" ({self.breaks} graph break(s): each call's guards are checked before it)"
+                 if self.breaks else "")
+
+    def direct_call(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        """``(output,)`` of the whole graph, None when no graph of it takes the call (it
+        then ran nothing). Only while no other compile runs or starts: misses are refused
+        process-wide meanwhile."""
+        compiled = self.cm.entry.compiled
+        with background.quiet() as quiet:
+            with torch_compat.misses_refused() if quiet else contextlib.nullcontext(False) as on:
+                if on:
+                    try:
+                        return (compiled(module, *args, **kwargs),)
+                    except RuntimeError as exc:
+                        if not torch_compat.refused(exc):
+                            raise
+                        self.refusals += 1
+        self.direct = False
+        return None
 
     def _run_whole(self, regional, dm, call, device):
         from . import engine
@@ -202,12 +242,27 @@ class WholeGraph:
         scope, _ = cm._scope(device.type == "cuda")
         miss = RegionalOnMiss(self, regional, device)
         before = self.regional_calls
-        with scope.active(), self.nested.attached(regional.plan.modules(dm)), \
-                engine.attached([dm], cm.entry.compiled, "", cm.settings.shape_policy, True, None,
-                                cm._shapers, miss):
-            out = call()
+        try:
+            with scope.active(), self.nested.attached(regional.plan.modules(dm)), \
+                    engine.attached([dm], cm.entry.compiled, "", cm.settings.shape_policy, True, None,
+                                    cm._shapers, miss):
+                out = call()
+        except torch.OutOfMemoryError as exc:
+            if self.regional_calls != before:  # the regional graphs ran out: not this stage's doing
+                raise
+            return self._out_of_memory(regional, dm, call, device, exc)
         self.taken += self.regional_calls == before
         return out
+
+    def _out_of_memory(self, regional, dm, call, device, exc):
+        """The whole graph needs more memory than this device has left: it is dropped, and
+        the call runs again on the regional graphs (a model call changes no state)."""
+        self.state, self.cm, regional.changed = "failed", None, True
+        log.warning("the whole graph of %s ran out of memory, so it keeps running its regional "
+                    "graphs (output unchanged): %s", regional.description, str(exc)[:300])
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return regional._run_compiled(dm, call, device)
 
 
 def of(entry: CompiledEntry) -> WholeGraph:

@@ -46,7 +46,7 @@ def test_the_whole_graph_compiles_when_idle_and_runs_the_next_prompt(host, tiny_
     hist = host.run(_prompt(tiny_wan, "whole"))
     report = host.probe(hist)
     status = report["pack_status"]["whole_graph"]
-    assert status == {"state": "ready", "taken": STEPS, "regional_calls": 0, "graphs": 1}, status
+    assert status == {"state": "ready", "taken": STEPS, "regional_calls": 0, "refusals": 0, "graph_breaks": 0, "graphs": 1}, status
     assert new_graphs(counters_delta(host.probe(eager_run)["counters"], report["counters"])) == 0
     eager = host.latent(eager_run)
     assert rel_l2(host.latent(hist), eager) < 1e-3
@@ -64,6 +64,7 @@ def test_a_new_size_does_not_compile_the_whole_graph_on_the_sampling_thread(host
     after = host.probe(hist)["pack_status"]["whole_graph"]
     assert after["graphs"] == 1, after  # the whole graph took it or the regional graphs did
     assert after["taken"] + after["regional_calls"] == before["taken"] + before["regional_calls"] + STEPS
+    assert after["refusals"] - before["refusals"] <= 1, after  # then checked ahead, not refused per call
     assert rel_l2(host.latent(hist), eager) < 1e-3
 
 

@@ -1,10 +1,12 @@
 """The whole-graph stage (``compile_core.whole_graph``, experimental, issue #16): once a regional
 compile has settled, the whole model is compiled as one graph (blocks nested) in the background
 and takes the calls its guards accept; every other call runs the regional graphs."""
+import time
+
 import pytest
 import torch
 
-from compile_core import background, engine, whole_graph
+from compile_core import background, engine, torch_compat, whole_graph
 from tcs_engine_helpers import eager, run, settings
 
 
@@ -23,6 +25,17 @@ def _settle_and_wait(cm, model, x, t):
 
 def _forward_attrs(model):
     return [m for m in model.modules() if "forward" in m.__dict__]
+
+
+def _taken_once(wan, wan_inputs, **kw):
+    """A 2-block model whose whole graph has compiled and taken one call: (model, x, t, cm)."""
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, settings(**kw))
+    _settle_and_wait(cm, model, x, t)
+    run(cm, model, x, t)
+    assert cm.whole.taken == 1
+    return model, x, t, cm
 
 
 def test_the_whole_graph_takes_over_once_the_regional_compile_settles(stage_on, wan, wan_inputs, graph_count,
@@ -144,14 +157,124 @@ def test_a_ready_whole_graph_waits_out_another_compile_like_any_compiled_call(st
     """Its scope must not overlap a background compile's (another model's, or this model's
     new input): while the worker is busy the call takes the regular path, which waits (or,
     in background mode, runs eagerly)."""
-    model = wan.Model(n_blocks=2).eval()
-    x, t = wan_inputs()
-    cm = engine.prepare(model, settings())
-    _settle_and_wait(cm, model, x, t)
-    run(cm, model, x, t)
-    assert cm.whole.taken == 1
+    model, x, t, cm = _taken_once(wan, wan_inputs)
     waited = []
     monkeypatch.setattr(background, "busy", lambda: True)  # FAKE: another compile is queued
     monkeypatch.setattr(background, "wait_idle", lambda timeout=None: waited.append(1) or True)
     torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
     assert cm.whole.taken == 1 and waited == [1]  # the regional path, after waiting
+
+
+def _stance():
+    from torch._dynamo import eval_frame
+    return eval_frame._stance.stance
+
+
+def test_after_a_taken_call_the_next_goes_straight_to_the_graph_and_a_refused_one_runs_regional(
+        stage_on, wan, wan_inputs, graph_count, monkeypatch):
+    """Dynamo checks the guards once: the call goes to the whole graph with misses refused; a
+    refused call ran nothing of it and runs the regional graphs; then calls are checked ahead
+    until one is taken again (a run at the new size pays no refusal per call)."""
+    model = wan.Model(n_blocks=3).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, settings(shape_policy="static"))
+    _settle_and_wait(cm, model, x, t)
+    checks = []
+    accepts = torch_compat.cached_graph_accepts
+    monkeypatch.setattr(torch_compat, "cached_graph_accepts", lambda *a: checks.append(1) or accepts(*a))
+    run(cm, model, x, t)
+    assert cm.whole.taken == 1 and cm.whole.direct and len(checks) == 1  # checked ahead, taken
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert cm.whole.taken == 2 and cm.whole.refusals == 0 and cm.whole.direct
+    assert len(checks) == 1  # straight to the graph: no check ahead
+    x2, t2 = wan_inputs(tokens=10)
+    g = graph_count()
+    torch.testing.assert_close(run(cm, model, x2, t2), eager(model, x2, t2))
+    assert cm.whole.refusals == 1 and cm.whole.regional_calls == 1 and not cm.whole.direct
+    assert cm.whole.cm.entry.graphs == 1 and graph_count() == g + 1  # the regional graph of the new size
+    assert _stance() == "default"
+    torch.testing.assert_close(run(cm, model, x2, t2), eager(model, x2, t2))
+    assert cm.whole.refusals == 1 and cm.whole.regional_calls == 2 and len(checks) == 2  # checked ahead
+    for _ in range(2):
+        torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert cm.whole.taken == 4 and cm.whole.direct and cm.whole.refusals == 1
+    assert len(checks) == 3 and _stance() == "default"
+    assert not _forward_attrs(model)
+
+
+def test_nothing_goes_straight_to_the_graph_while_a_job_is_pending(stage_on, wan, wan_inputs, monkeypatch):
+    """Refusing misses is process-wide: with a compile queued it is not used (the call is
+    checked ahead instead), and a deferred compile does not start while it is."""
+    model, x, t, cm = _taken_once(wan, wan_inputs)
+    assert cm.whole.direct
+    with background.quiet() as quiet:
+        assert quiet
+        job = background.defer(lambda: 1, "held by quiet", lambda: True)
+        assert not job.done.wait(0.5)  # a deferred job does not start inside the block
+    assert job.done.wait(10) and job.result == 1
+    assert background.wait_idle(10)
+    job = background.submit(lambda: time.sleep(0.3), "a queued compile")
+    with background.quiet() as quiet:
+        assert not quiet
+    monkeypatch.setattr(torch_compat, "misses_refused", lambda: pytest.fail("refused while a job was pending"))
+    monkeypatch.setattr(whole_graph.background, "busy", lambda: False)  # FAKE: the stage is used anyway
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert not cm.whole.direct  # went back to checking ahead
+    assert job.done.wait(10)
+
+
+def test_a_whole_graph_with_a_graph_break_checks_every_call_ahead(stage_on, wan, wan_inputs, monkeypatch):
+    """A refusal in a frame after a break would come after the code before it had run (here a
+    call counter), and the regional graphs would run it again: such a whole graph is never
+    called straight, and the counter counts each call once."""
+    model = wan.Model(n_blocks=2).eval()
+    head, counted = model.head.forward, []
+
+    def head_with_a_break(x):
+        counted.append(1)
+        torch._dynamo.graph_break()
+        return head(x)
+    model.head.forward = head_with_a_break
+    x, t = wan_inputs()
+    cm = engine.prepare(model, settings(shape_policy="static"))
+    _settle_and_wait(cm, model, x, t)
+    for _ in range(2):
+        torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert cm.whole.state == "ready" and cm.whole.breaks >= 1 and cm.whole.taken == 2
+    assert not cm.whole.direct
+    monkeypatch.setattr(torch_compat, "misses_refused", lambda: pytest.fail("called straight despite a break"))
+    counted.clear()
+    x2, t2 = wan_inputs(tokens=10)
+    torch.testing.assert_close(run(cm, model, x2, t2), eager(model, x2, t2))
+    assert len(counted) == 2  # once in the call, once in eager's
+    assert cm.whole.regional_calls == 1 and _forward_attrs(model) == [model.head]  # (its own, set above)
+
+
+def test_a_whole_graph_that_runs_out_of_memory_is_dropped_and_the_call_runs_regional(
+        stage_on, wan, wan_inputs, pack_log):
+    model, x, t, cm = _taken_once(wan, wan_inputs)
+
+    def out_of_memory(*args, **kwargs):  # FAKE: a device without room for the whole graph
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    cm.whole.cm.entry.compiled = out_of_memory
+    runs = cm.entry.runs
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert cm.whole.state == "failed" and cm.entry.runs == runs + 1  # ran again on the regional graphs
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and "ran out of memory" in warnings[0] and "2.00 GiB" in warnings[0]
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert cm.whole.taken == 1 and len(pack_log.warnings()) == 1 and not _forward_attrs(model)
+
+
+def test_an_out_of_memory_in_the_regional_graphs_is_raised_as_it_is(stage_on, wan, wan_inputs, monkeypatch):
+    """A call the whole graph did not take ran the regional graphs: their error is not the
+    stage's, and running them again would not help."""
+    model, x, t, cm = _taken_once(wan, wan_inputs, shape_policy="static")
+
+    def out_of_memory(*args, **kwargs):  # FAKE: the regional graphs run out of memory
+        raise torch.OutOfMemoryError("CUDA out of memory (regional)")
+    monkeypatch.setattr(type(cm), "_run_compiled", out_of_memory)
+    x2, t2 = wan_inputs(tokens=10)
+    with pytest.raises(torch.OutOfMemoryError, match="regional"):
+        run(cm, model, x2, t2)
+    assert cm.whole.state == "ready"
