@@ -60,4 +60,5 @@ def _whole_graph(stage) -> dict | None:
     if stage is None:
         return None
     return {"state": stage.state, "taken": stage.taken, "regional_calls": stage.regional_calls,
-            "refusals": stage.refusals, "graph_breaks": max(stage.breaks, 0), "graphs": stage.cm.entry.graphs if stage.cm is not None else 0}
+            "refusals": stage.refusals, "graph_breaks": max(stage.breaks, 0),
+            "graphs": stage.cm.entry.graphs if stage.cm is not None else 0}

@@ -46,7 +46,8 @@ def test_the_whole_graph_compiles_when_idle_and_runs_the_next_prompt(host, tiny_
     hist = host.run(_prompt(tiny_wan, "whole"))
     report = host.probe(hist)
     status = report["pack_status"]["whole_graph"]
-    assert status == {"state": "ready", "taken": STEPS, "regional_calls": 0, "refusals": 0, "graph_breaks": 0, "graphs": 1}, status
+    assert status == {"state": "ready", "taken": STEPS, "regional_calls": 0, "refusals": 0, "graph_breaks": 0,
+                      "graphs": 1}, status
     assert new_graphs(counters_delta(host.probe(eager_run)["counters"], report["counters"])) == 0
     eager = host.latent(eager_run)
     assert rel_l2(host.latent(hist), eager) < 1e-3
