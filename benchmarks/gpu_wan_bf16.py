@@ -1,9 +1,13 @@
 """GPU benchmark: a WAN 2.1 1.3B-shaped bf16 model (random weights, a few blocks) on CUDA,
-eager vs this pack's regional compile (``compile_core.engine.prepare`` + ``run``) vs whole-model
-``torch.compile``.
+eager vs this pack's regional compile (``compile_core.engine.prepare`` + ``run``, the settings
+node's defaults: mode ``speed``) vs whole-model ``torch.compile`` as ComfyUI core's
+TorchCompileModel runs it (mode default). ``ours-stage`` adds the experimental whole-graph stage
+(``TORCH_COMPILE_SPEED_WHOLE_GRAPH=1``): its background compile's time and peak memory, then
+steady calls through it.
 
 No ComfyUI server is needed. The model is ComfyUI's own ``comfy.ldm.wan.model.WanModel`` when
-``.host/comfyui`` exists (``--model comfy``, the default then), otherwise a plain-torch WAN 2.1
+the default test host (``.host/comfyui-0.33.0``, or ``TCS_COMFY_HOST``) exists (``--model comfy``,
+the default then), otherwise a plain-torch WAN 2.1
 T2V model written here (``--model plain``: same block layout, parameter names and forward
 arguments ``x, e, freqs, context`` as ComfyUI's, so the engine plans it the same way).
 
@@ -38,10 +42,13 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-COMFY_DIR = REPO_ROOT / ".host" / "comfyui"
+sys.path.insert(0, str(REPO_ROOT / "tests" / "host"))
+from harness import COMFY_DIR  # noqa: E402  (the default host, 0.33.0, or TCS_COMFY_HOST)
+sys.path.pop(0)
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "gpu_results"
-VARIANTS = ("eager", "ours-regional", "torch-compile-whole", "ours-whole")
-DEFAULT_VARIANTS = ("eager", "ours-regional", "torch-compile-whole")
+VARIANTS = ("eager", "ours-regional", "torch-compile-whole", "ours-whole", "ours-stage")
+DEFAULT_VARIANTS = ("eager", "ours-regional", "torch-compile-whole", "ours-stage")
+STAGE_ENV = "TORCH_COMPILE_SPEED_WHOLE_GRAPH"
 WAN_1_3B = {"dim": 1536, "ffn_dim": 8960, "num_heads": 12, "text_dim": 4096, "freq_dim": 256,
             "in_dim": 16, "out_dim": 16}
 
@@ -167,7 +174,7 @@ def build_plain_wan(num_layers: int, device, dtype):
 
 
 def build_comfy_wan(num_layers: int, device, dtype):
-    """ComfyUI's own WanModel (T2V) with WAN 2.1 1.3B dims; needs ``.host/comfyui``."""
+    """ComfyUI's own WanModel (T2V) with WAN 2.1 1.3B dims; needs the host folder (``COMFY_DIR``)."""
     sys.path.insert(0, str(COMFY_DIR))
     sys.argv = [sys.argv[0], "--use-pytorch-cross-attention"] + (["--cpu"] if str(device) == "cpu" else [])
     import comfy.options
@@ -218,14 +225,16 @@ def worker(args) -> dict:
     info = {"variant": args.worker, "model_class": f"{type(model).__module__}.{type(model).__name__}"}
     if args.worker == "eager":
         call = forward
-    elif args.worker in ("ours-regional", "ours-whole"):
+    elif args.worker in ("ours-regional", "ours-whole", "ours-stage"):
         sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
         from compile_core import engine
         from compile_core.persist import PersistentCache
         from compile_core.settings import CompileSettings, build_compile_args
         settings = CompileSettings.from_args(build_compile_args(
             backend=args.backend, mode=args.mode,
-            compile_transformer_blocks_only=args.worker == "ours-regional"))
+            compile_transformer_blocks_only=args.worker != "ours-whole"))
+        if args.worker == "ours-stage":
+            os.environ[STAGE_ENV] = "1"
         t0 = time.perf_counter()
         # the pack's persistent cache, as ComfyUI runs it (the root comes from the env below),
         # so the restart pass loads the saved regions (compile_core/precompiled.py)
@@ -236,8 +245,7 @@ def worker(args) -> dict:
         def call():
             return cm.run(model, forward, device)
     elif args.worker == "torch-compile-whole":
-        compiled = torch.compile(model, backend=args.backend,
-                                 mode=None if args.mode == "default" else args.mode)
+        compiled = torch.compile(model, backend=args.backend)  # as core's TorchCompileModel: mode default
 
         def call():
             return compiled(x, timestep, context)
@@ -262,6 +270,8 @@ def worker(args) -> dict:
         for _ in range(args.warmup):
             call()
         sync()
+        if args.worker == "ours-stage":
+            info["whole_graph"] = until_whole_graph(cm, call, sync, on_cuda, device)
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(device)
         times = []
@@ -279,11 +289,38 @@ def worker(args) -> dict:
                 times.append((time.perf_counter() - t) * 1e3)
         if on_cuda:
             info["peak_gb_steady"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
+    if "compile_s" in info.get("whole_graph", {}):  # the stage's counts after the timed calls
+        from compile_core import status
+        info["whole_graph"].update(status._whole_graph(cm.whole))
     info["steady_ms"] = {"median": statistics.median(times), "mean": statistics.fmean(times),
                          "min": min(times), "max": max(times), "n": len(times)}
     info["output_finite"] = bool(torch.isfinite(out).all())
     torch.save(out.float().cpu(), args.save_output)
     return info
+
+
+def until_whole_graph(cm, call, sync, on_cuda: bool, device) -> dict:
+    """Calls until the whole-graph stage has compiled (in the background, as on an idle
+    server) and taken a call: its compile time, peak memory and state."""
+    import torch
+    from compile_core import background
+    for _ in range(3):  # settle, then capture its inputs
+        call()
+        if cm.whole.job is not None:
+            break
+    if on_cuda:
+        sync()
+        torch.cuda.reset_peak_memory_stats(device)
+    if cm.whole.job is None or not cm.whole.job.done.wait(1800):
+        return {"error": f"the whole-graph stage did not compile: {cm.whole.state}"}
+    background.wait_idle()
+    seconds = cm.whole.job.seconds
+    out = {"compile_s": seconds}
+    if on_cuda:
+        out["peak_gb_compile"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
+    call()
+    sync()
+    return out
 
 
 # --------------------------------------------------------------------------- driver
@@ -375,7 +412,16 @@ def write_md(res: dict, path: Path) -> None:
           "(and, for ours, the same persistent cache with its saved regions). "
           "Steady = CUDA-event time of one forward after warm-up. ours-regional is "
           "`compile_core.engine.prepare` + `CompiledModel.run` (blocks only, shape policy auto); "
-          "torch-compile-whole is plain `torch.compile(model)`."]
+          "torch-compile-whole is plain `torch.compile(model)` (core's TorchCompileModel: mode default); "
+          "ours-stage is ours-regional with the whole-graph stage, timed once it took over."]
+    stages = [(v, r["cold"]["whole_graph"]) for v, r in res["variants"].items()
+              if "whole_graph" in r.get("cold", {})]
+    for v, st in stages:
+        L += ["", f"{v}: the whole-graph stage " + (st["error"] if "error" in st else
+              f"compiled in {st['compile_s']:.1f} s (peak GB during it: "
+              f"{st.get('peak_gb_compile', float('nan')):.2f}); state {st['state']}, took "
+              f"{st['taken']} of {st['taken'] + st['regional_calls']} calls after it (timed and not), "
+              f"{st['refusals']} refused, {st['graphs']} graph(s)")]
     path.write_text("\n".join(L) + "\n")
 
 
@@ -387,11 +433,11 @@ def main() -> int:
                     help="latent frames, height, width (default 21 60 104 = 81 frames 480x832)")
     ap.add_argument("--small", action="store_true", help="latent 9 30 52 (33 frames 240x416)")
     ap.add_argument("--model", choices=("comfy", "plain"), default=None,
-                    help="comfy: ComfyUI's WanModel (default when .host/comfyui exists); plain: built here")
+                    help="comfy: ComfyUI's WanModel (default when the host folder exists); plain: built here")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--backend", default="inductor")
-    ap.add_argument("--mode", default="default")
+    ap.add_argument("--mode", default="speed", help="the pack's mode (default: the settings node's, speed)")
     ap.add_argument("--no-restart", action="store_true", help="skip the warm-cache restart pass")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # 'cpu' only to debug the script
     ap.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
