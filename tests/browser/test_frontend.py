@@ -183,6 +183,16 @@ def test_badge_formats_other_states(comfy_page, tiny_wan):
     whole = send({**base, "state": "cold", "regional": False, "region_count": 1, "recompiles": 0})
     assert whole["lines"][1].startswith("whole model") and "0 recompiles" in whole["lines"][1]
 
+    stage = {"state": "ready", "taken": 7, "regional_calls": 1, "refusals": 1, "graphs": 1}
+    staged = send({**base, "state": "reused", "whole_graph": stage})
+    assert "whole graph: ran 7 of 8 calls" in staged["lines"], staged
+    queued = send({**base, "state": "reused", "whole_graph": {**stage, "state": "queued"}})
+    assert "whole graph: compiles when the server is idle" in queued["lines"], queued
+    dropped = send({**base, "state": "reused", "whole_graph": {**stage, "state": "failed"}})
+    assert "whole graph: off, regional graphs run (see the log)" in dropped["lines"], dropped
+    off = send({**base, "state": "reused", "whole_graph": None})
+    assert not any(line.startswith("whole graph") for line in off["lines"]), off
+
     compiling = send({**base, "state": "compiling", "graphs": 0, "compile_seconds": 0})
     assert compiling["lines"][0] == "torch.compile: compiling… (first step)"
 

@@ -108,6 +108,18 @@ function plural(n, word) {
   return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
 
+/** The experimental whole-graph stage's line (TORCH_COMPILE_SPEED_WHOLE_GRAPH=1), or null. */
+function wholeGraphLine(stage) {
+  if (!stage || typeof stage !== "object") return null;
+  const calls = (stage.taken ?? 0) + (stage.regional_calls ?? 0);
+  switch (stage.state) {
+    case "queued": return "whole graph: compiles when the server is idle";
+    case "ready": return `whole graph: ran ${stage.taken ?? 0} of ${plural(calls, "call")}`;
+    case "failed": return "whole graph: off, regional graphs run (see the log)";
+    default: return null;
+  }
+}
+
 /** The badge for one status payload: {color, lines[]} (plain data, so tests can read it). */
 function badgeFor(status) {
   const st = STATES[status.state] ?? { label: String(status.state), color: "#9aa0a6" };
@@ -130,6 +142,8 @@ function badgeFor(status) {
   if (typeof status.swapped_at === "number") {
     lines.push(`compiled in the background, swapped in at step ${status.swapped_at}`);
   }
+  const whole = wholeGraphLine(status.whole_graph);
+  if (whole) lines.push(whole);
   const detail = [status.backend, status.mode].filter(Boolean).join(" / ");
   if (detail) lines.push(detail);
   return { color: st.color, lines, reason };
