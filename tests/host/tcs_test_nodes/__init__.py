@@ -716,27 +716,35 @@ class TCSTestWaitForBackground:
     its ``call``-th forward, waits until the pack's background compile worker is idle, and at
     every forward logs ``TCSTest: call N regions compiled K at T``: K = region modules whose
     ``_compiled_call_impl`` is the compiled path (``shapes.shaped_call``) right now, T the
-    server's ``perf_counter`` (the benchmark's step times)."""
+    server's ``perf_counter`` (the benchmark's step times). ``in_graphs`` False: the hook is
+    left out of a graph that compiles the diffusion model itself (core's, the pack's whole
+    model, the whole-graph stage), whose calls then log nothing: its clock and log would break
+    that graph in two and slow what is measured."""
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "arm"
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",), "call": ("INT", {"default": 2, "min": 1, "max": 1000})}}
+        return {"required": {"model": ("MODEL",), "call": ("INT", {"default": 2, "min": 1, "max": 1000})},
+                "optional": {"in_graphs": ("BOOLEAN", {"default": True})}}
 
     @classmethod
     def IS_CHANGED(cls, **kwargs):
         return float("nan")
 
-    def arm(self, model, call):
+    def arm(self, model, call, in_graphs=True):
         import time
+
+        import torch
         dm = model.get_model_object("diffusion_model")
         state = {"calls": 0}
         for h in list(getattr(dm, "_tcs_bg_hooks", [])):
             h.remove()
 
         def pre_hook(module, args):
+            if not in_graphs and torch.compiler.is_compiling():
+                return
             state["calls"] += 1
             if state["calls"] == call:
                 _pack_module("background").wait_idle(300)
