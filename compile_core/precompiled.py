@@ -40,14 +40,13 @@ import dataclasses
 import hashlib
 import io
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
-from . import log
+from . import log, switches
 from .persist import write_atomic
 from .saved_guards import (GlobalChecks, LocalChecks, NotSaveable, ValuePickler, bind_subclasses,
                            guard_checker, keep_guard, subclass_globals)
@@ -62,7 +61,7 @@ def supported(settings, regional: bool) -> bool:
     (with the knob it needs), ``load_compiled_function`` and ``guard_filter_fn`` work."""
     from . import torch_compat
     return (regional and settings.backend == "inductor" and settings.mode in MODES
-            and os.environ.get(OFF_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+            and switches.switch(OFF_ENV, True)
             and torch_compat.load_compiled_function() and torch_compat.guard_filter_fn())
 
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import log
+from . import log, switches
 from .persist import io_failed, write_atomic
 
 ENV = "TORCH_COMPILE_SPEED_PREWARM"
@@ -55,7 +55,7 @@ _lock = threading.Lock()
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return switches.switch(ENV, True)
 
 
 def allowed_module(name: str) -> bool:

@@ -25,14 +25,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import types
 from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
-from . import background, log, torch_compat
+from . import background, log, switches, torch_compat
 from .regions import WHOLE_MODEL, RegionPlan
 from .registry import CompiledEntry
 
@@ -41,11 +40,7 @@ ENV = "TORCH_COMPILE_SPEED_WHOLE_GRAPH"  # operator: "1" turns this stage on
 
 def wanted(plan: RegionPlan) -> bool:
     """The stage is on (``ENV``) for a regional compile."""
-    value = os.environ.get(ENV, "").strip().lower()
-    if value not in ("", "0", "1", "on", "off", "true", "false", "yes", "no"):
-        log.warn_once("whole-graph-env", "%s=%r is not 1 or 0: the whole-graph stage stays off", ENV, value)
-        return False
-    return value in ("1", "on", "true", "yes") and plan.regional
+    return switches.switch(ENV, False) and plan.regional
 
 
 def _nested(forward: Callable, reuse: int) -> Callable:
