@@ -276,6 +276,18 @@ def optional_running() -> bool:
     return job is not None and job.optional
 
 
+def note_eager_beside(description: str) -> None:
+    """Count a model call that runs eagerly beside the optional compile running now, and say
+    so at the first (no call is left to run eagerly unsaid)."""
+    job = WORKER.current
+    if job is None:
+        return
+    job.eager_calls += 1
+    if job.eager_calls == 1:
+        log.info("%s runs eagerly while %s compiles in the background (an optional compile: "
+                 "nothing waits for it; compiled calls resume when it is done)", description, job.label)
+
+
 def busy() -> bool:
     """A job is queued or running."""
     return WORKER.busy()

@@ -190,6 +190,9 @@ class CompiledModel:
     # the badge's status: a held compile ends after its run, when no model call would)
     on_background_done: Callable[[], None] | None = None
     whole: whole_graph.WholeGraph | None = None  # the whole-graph stage, where it is on
+    # the host found another torch.compile around the model call (core's TorchCompileModel
+    # after Apply): it would trace the stage's input capture, so the stage stays off
+    inside_other_compile: bool = False
 
     @property
     def fingerprint(self) -> str:
@@ -232,8 +235,9 @@ class CompiledModel:
         if background.optional_running() and not self._foreground:
             # never wait for an optional compile; no scope of this thread may overlap the
             # worker's (restored out of order, it would leave the cache folder set)
+            background.note_eager_beside(self.description)
             return background.eager_beside_worker(call, device)
-        if self.whole is not None and not self._foreground:
+        if self.whole is not None and not self._foreground and not self.inside_other_compile:
             got = self.whole.run(self, diffusion_model, call, device, quiet)
             if got is not None:
                 return got[0]

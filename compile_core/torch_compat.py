@@ -410,7 +410,9 @@ def refused(exc: BaseException) -> bool:
 @functools.lru_cache(maxsize=None)
 def refusal_works() -> bool:
     """Inside ``misses_refused`` a call that a graph takes runs it, and one no graph takes is
-    refused, compiling nothing and running nothing."""
+    refused, compiling nothing and running nothing. It sets the process-wide stance for a
+    moment, so it is not among the start-up probes (``FEATURES``): its caller probes where it
+    uses the stance, with no other compile able to start (``whole_graph``)."""
     def run():
         c, m, x = _Counter(), _Probed(), torch.randn(2, 3)
         compiled = torch.compile(nn.Module._call_impl, backend=c, dynamic=False)
@@ -502,7 +504,6 @@ FEATURES: dict[str, Callable[[], object]] = {
     "cache_artifacts": cache_artifacts,
     "opaque_weight_fetch": opaque_weight_fetch,
     "guard_check": guard_check,
-    "refusal": refusal_works,
 }
 
 

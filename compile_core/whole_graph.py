@@ -127,12 +127,12 @@ class RegionalOnMiss:
 
     def run(self, module, args, kwargs, shaped, shaped_kwargs, fast=None) -> tuple | None:
         stage = self.stage
-        if stage.direct:
-            out = stage.direct_call(module, shaped, shaped_kwargs)
-            if out is not None:
-                return out
-        elif torch_compat.cached_graph_accepts(stage.cm.entry.compiled, module, shaped, shaped_kwargs):
-            stage.direct = stage.breaks == 0 and torch_compat.refusal_works()
+        out = stage.direct_call(module, shaped, shaped_kwargs) if stage.direct else None
+        if out:
+            return out
+        if out is None and torch_compat.cached_graph_accepts(stage.cm.entry.compiled, module, shaped,
+                                                             shaped_kwargs):
+            stage.direct = stage.breaks == 0 and not stage.no_refusal
             return None
         stage.regional_calls += 1
         with stage.nested.suspended():
@@ -153,6 +153,7 @@ class WholeGraph:
     direct: bool = False  # the next call goes straight to the graph (``RegionalOnMiss``)
     refusals: int = 0  # calls sent straight to it that it refused
     breaks: int = -1  # graph breaks its compile met (-1: not compiled yet)
+    no_refusal: bool = False  # this torch cannot refuse a miss (``torch_compat.refusal_works``)
 
     def run(self, regional, dm: nn.Module, call: Callable[[], object], device: torch.device,
             quiet: bool) -> tuple | None:
@@ -196,7 +197,6 @@ class WholeGraph:
         breaks = torch_compat.graph_break_count()  # (nothing else compiles meanwhile: see defer)
         graphs = self.cm._compile_captured(captured, device, context)
         self.breaks = torch_compat.graph_break_count() - breaks
-        torch_compat.refusal_works()  # (probed here, not on the sampling thread)
         return graphs
 
     def _finish(self, regional) -> None:
@@ -215,21 +215,28 @@ class WholeGraph:
                  if self.breaks else "")
 
     def direct_call(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
-        """``(output,)`` of the whole graph, None when no graph of it takes the call (it
-        then ran nothing). Only while no other compile runs or starts: misses are refused
-        process-wide meanwhile."""
-        compiled = self.cm.entry.compiled
+        """``(output,)`` of the whole graph; ``()`` when no graph of it takes the call (it
+        then ran nothing); None when it cannot be called straight now (a job is pending, or
+        torch sets no stance here): the caller checks the call ahead instead. Only while no
+        other compile runs or starts, since misses are refused process-wide meanwhile; the
+        refusal is probed there too, on first use."""
         with background.quiet() as quiet:
-            with torch_compat.misses_refused() if quiet else contextlib.nullcontext(False) as on:
+            if not quiet:
+                return None
+            if not torch_compat.refusal_works():
+                self.direct, self.no_refusal = False, True
+                return None
+            with torch_compat.misses_refused() as on:
                 if on:
                     try:
-                        return (compiled(module, *args, **kwargs),)
+                        return (self.cm.entry.compiled(module, *args, **kwargs),)
                     except RuntimeError as exc:
                         if not torch_compat.refused(exc):
                             raise
-                        self.refusals += 1
-        self.direct = False
-        return None
+        if not on:
+            return None
+        self.refusals, self.direct = self.refusals + 1, False
+        return ()
 
     def _run_whole(self, regional, dm, call, device):
         from . import engine

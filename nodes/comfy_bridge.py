@@ -95,6 +95,7 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
                       if k != WRAPPER_KEY and "compile" in str(k).lower()]
             if others:
                 other_compile_warned.append(True)
+                compiled.inside_other_compile = True
                 log.warning("this compiled model also carries another torch.compile wrapper (%s), "
                             "e.g. core's TorchCompileModel applied after Apply Torch Compile: "
                             "compiling twice, the other compile traces this pack's runtime code "

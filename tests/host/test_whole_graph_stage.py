@@ -90,3 +90,20 @@ def test_a_prompt_during_its_compile_neither_waits_for_it_nor_compiles(tmp_path,
         _wait_for(host, "as one graph in the background: 1 graph(s)", offset)
         eager = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS, prefix="eager")))
         assert rel_l2(host.latent(hist), eager) < 1e-3
+
+
+def test_core_torch_compile_after_apply_keeps_the_stage_off(host, tiny_wan):
+    """Core's TorchCompileModel after Apply compiles the model call around the pack's: it would
+    trace the stage's input capture (torch's internal assert, found with the stage on: the
+    prompt worker died and the server hung). The stage stays off there; prompts complete."""
+    eager = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS, prefix="eager_core")))
+    fresh = {**SETTINGS, "fullgraph": True}  # an entry of its own (another fingerprint): no stage yet
+    for i in range(3):  # past the point where a lone regional model would settle and capture
+        p = wan_t2v_prompt(tiny_wan, compile_settings=fresh, steps=STEPS, prefix=f"ours_then_core{i}")
+        p["core"] = {"class_type": "TorchCompileModel", "inputs": {"model": ["apply", 0], "backend": "cudagraphs"}}
+        p["sampler"]["inputs"]["model"] = ["core", 0]
+        p["probe"]["inputs"]["model"] = ["core", 0]
+        hist = host.run(p, timeout=180)  # (without the fix the prompt worker died: no answer)
+        assert rel_l2(host.latent(hist), eager) < 1e-3
+    stage = host.probe(hist)["pack_status"]["whole_graph"]
+    assert stage["state"] == "waiting" and stage["taken"] == 0, stage

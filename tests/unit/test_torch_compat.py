@@ -34,7 +34,7 @@ _ALL = {"compile": True, "isolate_recompiles": True, "recompile_limit_kwarg": Tr
         "aot_compile": True, "aot_compile_needs_enable_aot_compile": False,
         "load_compiled_function": True, "backed_size_oblivious_safe": True,
         "nested_compile_region": True, "cache_artifacts": True, "opaque_weight_fetch": True,
-        "guard_check": True, "refusal": True}
+        "guard_check": True}
 _OLD = {**_ALL, "isolate_recompiles": False, "recompile_limit_kwarg": False, "opaque_weight_fetch": False,
         "guard_check": False,
         "aot_compile_needs_enable_aot_compile": True, "load_compiled_function": False,

@@ -102,7 +102,7 @@ def test_the_stage_is_on_only_when_asked(monkeypatch, wan, value, on, pack_log):
 
 
 def test_calls_while_it_compiles_run_eagerly_beside_it_without_waiting(stage_on, wan, wan_inputs, graph_count,
-                                                                      monkeypatch):
+                                                                      monkeypatch, pack_log):
     """No scope of the sampling thread may overlap the worker's: restored out of order, the
     two would leave the cache folder set. So the calls run eagerly (the server was idle when
     the compile started; a prompt that comes meanwhile is the rare case)."""
@@ -124,10 +124,13 @@ def test_calls_while_it_compiles_run_eagerly_beside_it_without_waiting(stage_on,
     assert started.wait(60) and background.optional_running()
     runs, g = cm.entry.runs, graph_count()
     try:
-        torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+        for _ in range(2):
+            torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
     finally:
         release.set()
     assert cm.entry.runs == runs and graph_count() == g  # eagerly: not on its compiled regions
+    said = [i for i in pack_log.infos() if "runs eagerly while" in i]
+    assert len(said) == 1 and "as one graph" in said[0], said  # said once, not per call
     assert cm.whole.job.done.wait(60) and background.wait_idle(60)
     run(cm, model, x, t)
     assert cm.whole.state == "ready" and cm.whole.taken == 1
@@ -218,9 +221,24 @@ def test_nothing_goes_straight_to_the_graph_while_a_job_is_pending(stage_on, wan
         assert not quiet
     monkeypatch.setattr(torch_compat, "misses_refused", lambda: pytest.fail("refused while a job was pending"))
     monkeypatch.setattr(whole_graph.background, "busy", lambda: False)  # FAKE: the stage is used anyway
+    checks = []
+    accepts = torch_compat.cached_graph_accepts
+    monkeypatch.setattr(torch_compat, "cached_graph_accepts", lambda *a: checks.append(1) or accepts(*a))
     torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
-    assert not cm.whole.direct  # went back to checking ahead
+    assert len(checks) == 1 and cm.whole.taken == 2  # checked ahead this once, and taken
+    assert cm.whole.direct and cm.whole.refusals == 0  # straight again once nothing is pending
     assert job.done.wait(10)
+
+
+def test_the_refusal_is_probed_where_it_is_used_not_at_start_up(stage_on, wan, wan_inputs, monkeypatch):
+    """The probe sets the process-wide stance for a moment: not among the start-up probes
+    (the warm-up thread), and on the sampling thread only while no job can start. Where it
+    fails, the calls are checked ahead, as before."""
+    assert "refusal" not in torch_compat.FEATURES
+    model, x, t, cm = _taken_once(wan, wan_inputs)
+    monkeypatch.setattr(torch_compat, "refusal_works", lambda: False)  # FAKE: a torch where it fails
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert cm.whole.taken == 2 and not cm.whole.direct and cm.whole.refusals == 0
 
 
 def test_a_whole_graph_with_a_graph_break_checks_every_call_ahead(stage_on, wan, wan_inputs, monkeypatch):
