@@ -241,7 +241,7 @@ class CompiledModel:
             got = self.whole.run(self, diffusion_model, call, device, quiet)
             if got is not None:
                 return got[0]
-        if self.settings.background_compile and not self._foreground:
+        if self.settings.background_compile and not self._foreground and not self.inside_other_compile:
             eager = self._run_background(diffusion_model, call, device)
             if eager is not None:
                 return eager[0]
