@@ -16,6 +16,8 @@ grows little with depth).
   new size, a patch the graph did not see) runs the regional graphs as before
   (``RegionalOnMiss``), so the whole graph never compiles on the sampling thread.
 - A failed or empty compile leaves the regional graphs in place, with one warning.
+- The compile traces a twin of the model (``twin``): the shared model gets the nested forwards
+  only for the length of one call on the sampling thread.
 
 Nothing is saved across restarts beyond inductor's own FX-graph cache (in its default folder):
 a restarted server takes its saved regions first, and this compile runs again when it is idle.
@@ -31,7 +33,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import background, log, switches, torch_compat
+from . import background, log, shapes, switches, torch_compat, twin
 from .regions import WHOLE_MODEL, RegionPlan
 from .registry import CompiledEntry
 
@@ -63,36 +65,39 @@ def _region_forward(region: Callable) -> Callable:
 
 
 class NestedBlocks:
-    """The region modules' forwards as nested compile regions (one per class), while attached."""
+    """The region modules' forwards as nested compile regions (one per class), while attached.
+    One function per class, bound to each module: the graph a twin's compile traced
+    (``twin``) takes the original modules with the same function attached."""
 
     def __init__(self):
         self._regions: dict[type, Callable] = {}
-        self._forwards: dict[int, Callable] = {}
-        self._on: list[nn.Module] = []
+        self._on: list[tuple[nn.Module, Callable]] = []
 
     def _forward(self, module: nn.Module, count: int) -> Callable:
-        got = self._forwards.get(id(module))
-        if got is None or got.__self__ is not module:
-            cls = type(module)
-            if cls not in self._regions:
-                self._regions[cls] = _nested(cls.forward, count + 8)
-            got = self._forwards[id(module)] = types.MethodType(_region_forward(self._regions[cls]), module)
-        return got
+        cls = type(module)
+        if cls not in self._regions:
+            self._regions[cls] = _region_forward(_nested(cls.forward, count + 8))
+        return types.MethodType(self._regions[cls], module)
+
+    def ours(self, name: str, value: object) -> bool:
+        """Whether an instance attribute in ``twin.TRANSIENT`` was attached by a call of ours."""
+        if name == "forward":
+            return getattr(value, "__func__", None) in self._regions.values()
+        return shapes.is_region_call(value)
 
     @contextlib.contextmanager
     def attached(self, modules: list[nn.Module]) -> Iterator[None]:
         """Inside the block each module's ``forward`` is its nested region (an instance
         attribute, removed after). A module whose forward someone else replaced is left as it is
         (traced inline)."""
-        on = [m for m in modules if "forward" not in m.__dict__]
-        for m in on:
-            m.__dict__["forward"] = self._forward(m, len(modules))
+        on = [(m, self._forward(m, len(modules))) for m in modules if "forward" not in m.__dict__]
+        for m, f in on:
+            m.__dict__["forward"] = f
         self._on = on
         try:
             yield
         finally:
-            for m in on:
-                m.__dict__.pop("forward", None)
+            _detach(on)
             self._on = []
 
     @contextlib.contextmanager
@@ -100,13 +105,20 @@ class NestedBlocks:
         """The modules' own forwards inside the block (the regional graphs must not trace the
         nested ones)."""
         on = self._on
-        for m in on:
-            m.__dict__.pop("forward", None)
+        _detach(on)
         try:
             yield
         finally:
-            for m in on:
-                m.__dict__["forward"] = self._forwards[id(m)]
+            for m, f in on:
+                m.__dict__.setdefault("forward", f)
+
+
+def _detach(on: list[tuple[nn.Module, Callable]]) -> None:
+    """Take the attached forwards off, each only if it is still ours (someone may have set
+    their own meanwhile)."""
+    for m, f in on:
+        if m.__dict__.get("forward") is f:
+            del m.__dict__["forward"]
 
 
 class RegionalOnMiss:
@@ -184,16 +196,21 @@ class WholeGraph:
         self.cm = engine.CompiledModel(settings, RegionPlan((WHOLE_MODEL,), ""), entry, False,
                                        f"{regional.description} as one graph", regional.ptx_cache_dir)
         blocks, outer = regional.plan.modules(dm), regional._worker_context
-        context = functools.partial(_both, outer, functools.partial(self.nested.attached, blocks))
         self.run_over = regional._sampling_run == 0
-        self.job = background.defer(functools.partial(self._compile, captured, device, context),
+        self.job = background.defer(functools.partial(self._compile, captured, device, outer, blocks),
                                     self.cm.description, lambda: self.run_over)
         self.state = "queued"
         log.info("%s: its regional compile has settled; compiling it as one graph (blocks nested) "
                  "in the background once the server is idle", regional.description)
 
-    def _compile(self, captured: list, device: torch.device, context: Callable) -> int:
+    def _compile(self, captured: list, device: torch.device, outer: Callable | None,
+                 blocks: list[nn.Module]) -> int:
+        """On the worker: trace a twin of the model (``twin``), its blocks' forwards nested;
+        the shared model is left as it is while this compiles."""
         log.info("the server is idle: compiling %s in the background now", self.cm.description)
+        (c,) = captured  # the diffusion model's call
+        c.module, twins = twin.twin(c.module, blocks, self.nested.ours)
+        context = functools.partial(_both, outer, functools.partial(self.nested.attached, twins))
         breaks = torch_compat.graph_break_count()  # (nothing else compiles meanwhile: see defer)
         graphs = self.cm._compile_captured(captured, device, context)
         self.breaks = torch_compat.graph_break_count() - breaks

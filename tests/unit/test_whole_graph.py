@@ -296,3 +296,31 @@ def test_an_out_of_memory_in_the_regional_graphs_is_raised_as_it_is(stage_on, wa
     with pytest.raises(torch.OutOfMemoryError, match="regional"):
         run(cm, model, x2, t2)
     assert cm.whole.state == "ready"
+
+
+def test_the_shared_model_is_left_as_it_is_while_the_whole_graph_compiles(stage_on, wan, wan_inputs, monkeypatch):
+    """The compile traces a twin (``compile_core.twin``); the model other branches call keeps
+    its own forwards for the whole compile."""
+    seen = []
+    real = background.Captured.modes
+
+    def watching(self):  # entered on the worker right before the captured call is compiled
+        seen.append((self.module is model, _forward_attrs(model), _forward_attrs(self.module)))
+        return real(self)
+    monkeypatch.setattr(background.Captured, "modes", watching)
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, settings())
+    _settle_and_wait(cm, model, x, t)
+    traced_on, on_model, on_twin = seen[-1]  # the whole graph's compile
+    assert not traced_on and not on_model and len(on_twin) == 2  # the twin's blocks, nested
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert cm.whole.state == "ready" and cm.whole.cm.entry.graphs == 1 and cm.whole.taken == 1  # the twin's graph takes the shared model's call
+
+
+def test_a_forward_someone_else_sets_during_a_call_is_kept(wan):
+    model = wan.Model(n_blocks=2)
+    nested, theirs = whole_graph.NestedBlocks(), (lambda *a: None)
+    with nested.attached(list(model.blocks)):
+        model.blocks[0].__dict__["forward"] = theirs
+    assert model.blocks[0].__dict__["forward"] is theirs and "forward" not in model.blocks[1].__dict__
