@@ -185,5 +185,21 @@ def write_out(out: str, data: dict, md: str) -> None:
     print(md)
 
 
+def heading(title: str, m: dict) -> list[str]:
+    """A result page's first lines: the title, the command, and the machine (``machine_info``)."""
+    return [f"# {title}", "", f"Command: `{m['command']}`", "",
+            f"Machine: {m['nproc']} cores, {m['cpu_model']}, torch {m['torch']}, ComfyUI {m['comfyui']}, "
+            f"load average at start {m['loadavg_start']}, {m['date']}."]
+
+
+def report(name: str, data: dict, md: str, no_write: bool) -> None:
+    """``benchmarks/results/<name>``.json and .md (``write_out``), or with ``no_write`` the
+    Markdown printed only."""
+    if no_write:
+        print(md)
+    else:
+        write_out(str(REPO / "benchmarks" / "results" / name), data, md)
+
+
 if __name__ == "__main__":
     sys.exit(main())

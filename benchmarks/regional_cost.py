@@ -41,11 +41,9 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 from run_benchmarks import _comfy_import_setup, machine_info  # noqa: E402
-from background_benchmark import write_out  # noqa: E402
+from background_benchmark import heading, report  # noqa: E402
 from overhead_benchmark import interleaved, load_pack  # noqa: E402
 
 VARIANTS = ("eager", "core", "torch regional", "ours", "ours whole")
@@ -195,12 +193,9 @@ def measure(dim: int, blocks: int, rounds: int, variants: tuple = VARIANTS) -> d
 
 def markdown(result: dict) -> str:
     m, rows = result["machine"], result["rows"]
-    lines = ["# Steady model calls in one process: the pack and regional compilation vs core (CPU)", "",
-             f"Command: `{m['command']}`", "",
-             f"Machine: {m['nproc']} cores, {m['cpu_model']}, torch {m['torch']}, ComfyUI {m['comfyui']}, "
-             f"load average at start {m['loadavg_start']}, {m['date']}. Tiny WAN 2.1, {result['blocks']} "
-             f"blocks, dim {result['dim']}, text_dim 4096, batch 2 (CFG), 128x128x5; {result['rounds']} "
-             "shuffled rounds, medians.", "",
+    lines = heading("Steady model calls in one process: the pack and regional compilation vs core (CPU)", m) + [
+             f"Tiny WAN 2.1, {result['blocks']} blocks, dim {result['dim']}, text_dim 4096, batch 2 (CFG), "
+             f"128x128x5; {result['rounds']} shuffled rounds, medians.", "",
              "| variant | call ms | / core | graphs | first call s (cold) | rel L2 vs eager |",
              "|---|---|---|---|---|---|"]
     for v, r in rows.items():
@@ -256,11 +251,7 @@ def main() -> int:
     result = {"dim": args.dim, "blocks": args.blocks, "rounds": args.rounds, "rows": rows, "machine": info}
     if args.nested:
         result["cold"] = cold_rows(args.dim, (args.blocks, 2 * args.blocks))
-    md = markdown(result)
-    if args.no_write:
-        print(md)
-    else:
-        write_out(str(REPO / "benchmarks" / "results" / "regional_cpu"), result, md)
+    report("regional_cpu", result, markdown(result), args.no_write)
     return 0
 
 

@@ -59,7 +59,7 @@ class Job:
         self.what = ""  # what it compiles, for the log ("the first input", "a new input")
         self.result = None  # what ``fn`` returned
         self.on_done: Callable[[], None] | None = None  # called on the worker once ``done`` is set
-        self.optional = False  # deferred (``defer``): model calls run eagerly beside it, none waits
+        self.optional = False  # deferred (``defer``): model calls run beside it (``beside``), none waits
 
     def _run(self) -> None:
         start = time.perf_counter()
@@ -270,22 +270,29 @@ def defer(fn: Callable[[], None], label: str, ready: Callable[[], bool]) -> Job:
 
 
 def optional_running() -> bool:
-    """A deferred job (``defer``) is compiling now: a model call runs eagerly beside it
-    (``eager_beside_worker``) rather than wait for an optional compile."""
+    """A deferred job (``defer``) is compiling now: a model call runs beside it (``beside``)
+    rather than wait for an optional compile."""
     job = WORKER.current
     return job is not None and job.optional
 
 
-def note_eager_beside(description: str) -> None:
-    """Count a model call that runs eagerly beside the optional compile running now, and say
-    so at the first (no call is left to run eagerly unsaid)."""
+def note_beside(description: str, eager_why: str = "") -> None:
+    """Count a model call that runs beside the optional compile running now, and say so at the
+    first (no call beside it is left unsaid): on its own graphs (``beside``), or eagerly and
+    why (``eager_why``)."""
     job = WORKER.current
     if job is None:
         return
     job.eager_calls += 1
-    if job.eager_calls == 1:
-        log.info("%s runs eagerly while %s compiles in the background (an optional compile: "
-                 "nothing waits for it; compiled calls resume when it is done)", description, job.label)
+    if job.eager_calls > 1:
+        return
+    if eager_why:
+        log.info("%s runs eagerly while %s compiles in the background (%s; an optional compile: "
+                 "nothing waits for it; compiled calls resume when it is done)", description,
+                 job.label, eager_why)
+    else:
+        log.info("%s runs its compiled graphs while %s compiles in the background (a call no graph "
+                 "takes runs eagerly; an optional compile: nothing waits for it)", description, job.label)
 
 
 def busy() -> bool:

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import (background, fallback, log, new_shapes, precompiled, prewarm, scoped, shapes,
+from . import (background, beside, fallback, log, new_shapes, precompiled, prewarm, scoped, shapes,
                torch_compat, warmup, whole_graph)
 from .fingerprint import fingerprint
 from .fleet import Fleet
@@ -153,6 +153,7 @@ class _CompilePass:
     cache_before: tuple
     start_us: int
     start: float
+    breaks_before: int = 0  # dynamo's graph-break count
     new_graphs: int = 0  # set by ``_finish_compile``
     lazy_scope: bool = False  # the saved regions enter the scope (``_begin_compile``)
 
@@ -235,8 +236,7 @@ class CompiledModel:
         if background.optional_running() and not self._foreground:
             # never wait for an optional compile; no scope of this thread may overlap the
             # worker's (restored out of order, it would leave the cache folder set)
-            background.note_eager_beside(self.description)
-            return background.eager_beside_worker(call, device)
+            return beside.run(self, diffusion_model, call, device, attached)
         if self.whole is not None and not self._foreground and not self.inside_other_compile:
             got = self.whole.run(self, diffusion_model, call, device, quiet)
             if got is not None:
@@ -309,7 +309,7 @@ class CompiledModel:
                 self._before_first_compile(device)
         fast = self._precompiled()
         p = _CompilePass(first_compile, recorder, fast, torch_compat.graph_count(), self._cache_counts(),
-                         time.time_ns() // 1000, time.perf_counter())
+                         time.time_ns() // 1000, time.perf_counter(), torch_compat.graph_break_count())
         p.lazy_scope = scope is not None and fast is not None and not first_compile and not warm
         if fast is not None:
             fast.begin_run(modules, device, keep_keys, scope.active if p.lazy_scope else None)
@@ -327,6 +327,7 @@ class CompiledModel:
         new_graphs = p.new_graphs = torch_compat.graph_count() - p.graphs_before + loaded
         changed = self._record(time.perf_counter() - p.start, new_graphs, loaded, where)
         if new_graphs:
+            self.entry.graph_breaks += torch_compat.graph_break_count() - p.breaks_before
             self.entry.frames.extend(_frames_since(p.start_us))
             self._note_cache(p.cache_before, device)
             if p.recorder is not None:  # what a restarted server can warm before its first compile

@@ -295,6 +295,17 @@ class Precompiled:
             return True
         return False if len(self.regions[key]) + len(self._unused.get(key, ())) < self.VARIANTS else None
 
+    def takes_ready(self, module: nn.Module, args: tuple, kwargs: dict) -> bool | None:
+        """Like ``takes``, from the variants in use whose kernels are built (they have run):
+        no load, no trace, no scope. None: the regular path runs this region."""
+        key = self._keys.get(id(module))
+        if not key or key in self.regular:
+            return None
+        region = next((r for r in self.regions.get(key, ()) if r.ran and r.accepts(module, args, kwargs)), None)
+        if region is not None:
+            self._taken = (module, args, kwargs, region)
+        return region is not None
+
     def _just_taken(self, module: nn.Module, args: tuple, kwargs: dict) -> _Region | None:
         """The variant ``takes`` found for this very call (the same module, argument tuple and
         keyword dict, checked just before on this thread: ``new_shapes`` then ``shapes``), so

@@ -20,6 +20,7 @@ class CompiledEntry:
     compiled: Callable
     failed: str = ""           # reason compile was abandoned (then the model runs eagerly)
     runs: int = 0              # compiled apply_model calls
+    graph_breaks: int = 0      # dynamo graph breaks its compiles met (``beside``)
     graphs: int = 0            # dynamo graphs compiled for it (first run + recompiles)
     first_run_graphs: int = 0  # graphs of its first run (the rest are recompiles)
     compile_seconds: float = 0.0

@@ -507,6 +507,12 @@ FEATURES: dict[str, Callable[[], object]] = {
 }
 
 
+def answered(probe: Callable[[], object]) -> object | None:
+    """A start-up probe's answer if it has run, else None (without running it: a probe holds
+    dynamo's compile lock, which a compile on another thread may hold for minutes)."""
+    return probe() if probe.cache_info().currsize else None
+
+
 def features() -> dict[str, object]:
     """Every probe's answer (runs the probes not run yet)."""
     return {name: probe() for name, probe in FEATURES.items()}

@@ -10,8 +10,8 @@ compile: dynamo traces one block of a class and reuses the trace for the others,
 grows little with depth).
 
 - It runs on the background worker, only once the sampling run is over and the server is idle
-  (``background.defer``). If a prompt comes while it compiles, model calls run eagerly beside
-  it rather than wait (``engine.CompiledModel.run``).
+  (``background.defer``). If a prompt comes while it compiles, model calls run the regional
+  graphs beside it rather than wait (``beside``).
 - From then on, a model call that the whole graph's guards accept runs it. Any other call (a
   new size, a patch the graph did not see) runs the regional graphs as before
   (``RegionalOnMiss``), so the whole graph never compiles on the sampling thread.
@@ -197,6 +197,7 @@ class WholeGraph:
                                        f"{regional.description} as one graph", regional.ptx_cache_dir)
         blocks, outer = regional.plan.modules(dm), regional._worker_context
         self.run_over = regional._sampling_run == 0
+        torch_compat.guard_check()  # (answered now, while nothing compiles: calls beside the job ask it)
         self.job = background.defer(functools.partial(self._compile, captured, device, outer, blocks),
                                     self.cm.description, lambda: self.run_over)
         self.state = "queued"

@@ -70,9 +70,10 @@ def test_a_new_size_does_not_compile_the_whole_graph_on_the_sampling_thread(host
 
 
 def test_a_prompt_during_its_compile_neither_waits_for_it_nor_compiles(tmp_path, tiny_wan_path, tiny_wan):
-    """A prompt that comes while the stage compiles runs beside it, eagerly, even when its
-    Apply node runs again (a changed setting): the Apply node waits for a busy worker only
-    when it has declared shapes to compile ahead."""
+    """A prompt that comes while the stage compiles runs beside it, on the regional graphs it
+    already has (``compile_core.beside``), even when its Apply node runs again (a changed
+    setting): the Apply node waits for a busy worker only when it has declared shapes to
+    compile ahead."""
     slow = {"backend": "tcs_test_slow_backend"}  # (test nodes: sleeps 4 s per graph)
     with ComfyHost(tmp_path / "server", models=[tiny_wan_path],
                    env={"TORCH_COMPILE_SPEED_WHOLE_GRAPH": "1"}) as host:
@@ -86,7 +87,10 @@ def test_a_prompt_during_its_compile_neither_waits_for_it_nor_compiles(tmp_path,
         assert not pack_lines(during, "as one graph in the background: 1 graph(s)"), during  # still compiling
         status = host.probe(hist)["pack_status"]
         assert status["state"] == "reused", status  # the same compiled entry, a new Apply
-        assert status["runs"] == first["runs"] and status["graphs"] == first["graphs"]  # eagerly beside it
+        assert status["runs"] == first["runs"] + STEPS, during  # every call on its compiled regions
+        assert status["graphs"] == first["graphs"]  # and none compiled on the sampling thread
+        said = pack_lines(during, "compiles in the background (")
+        assert len(said) == 1 and "runs its compiled graphs while" in said[0], said
         _wait_for(host, "as one graph in the background: 1 graph(s)", offset)
         eager = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS, prefix="eager")))
         assert rel_l2(host.latent(hist), eager) < 1e-3

@@ -9,6 +9,7 @@ automatic-dynamic size history, without the cost of ``torch._dynamo.reset()``.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import types
@@ -63,25 +64,52 @@ def wan_inputs():
     return make
 
 
+@contextlib.contextmanager
+def _registered_backend(prefix: str, make):
+    """``make(ns)``, a dynamo backend, registered under a unique name while the block runs;
+    yields ``ns`` (with ``name``), which the backend may count into."""
+    from torch._dynamo.backends import registry
+
+    ns = types.SimpleNamespace(name=f"{prefix}_{uuid.uuid4().hex[:8]}")
+    torch._dynamo.register_backend(make(ns), name=ns.name)
+    try:
+        yield ns
+    finally:
+        registry._COMPILER_FNS.pop(ns.name, None)
+        registry._BACKENDS.pop(ns.name, None)
+
+
 @pytest.fixture
 def raising_backend():
     """A dynamo backend, registered under a unique name for this test only, that raises
     RuntimeError("boom"); ``calls`` counts how often dynamo asked it to compile."""
-    from torch._dynamo.backends import registry
+    def make(ns):
+        ns.calls = 0
 
-    name = f"tcs_test_raising_{uuid.uuid4().hex[:8]}"
-    ns = types.SimpleNamespace(name=name, calls=0)
-
-    def boom(gm, example_inputs):
-        ns.calls += 1
-        raise RuntimeError("boom")
-
-    torch._dynamo.register_backend(boom, name=name)
-    try:
+        def boom(gm, example_inputs):
+            ns.calls += 1
+            raise RuntimeError("boom")
+        return boom
+    with _registered_backend("tcs_test_raising", make) as ns:
         yield ns
-    finally:
-        registry._COMPILER_FNS.pop(name, None)
-        registry._BACKENDS.pop(name, None)
+
+
+@pytest.fixture
+def counting_backend():
+    """A dynamo backend, registered under a unique name for this test only, that runs each
+    graph as traced (like ``eager``); ``runs`` counts the calls of its compiled graphs, so a
+    test can tell a compiled call from an eager one."""
+    def make(ns):
+        ns.runs = 0
+
+        def counting(gm, example_inputs):
+            def run(*args):
+                ns.runs += 1
+                return gm.forward(*args)
+            return run
+        return counting
+    with _registered_backend("tcs_test_counting", make) as ns:
+        yield ns
 
 
 @pytest.fixture

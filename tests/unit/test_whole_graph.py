@@ -1,6 +1,8 @@
 """The whole-graph stage (``compile_core.whole_graph``, experimental, issue #16): once a regional
 compile has settled, the whole model is compiled as one graph (blocks nested) in the background
 and takes the calls its guards accept; every other call runs the regional graphs."""
+import contextlib
+import threading
 import time
 
 import pytest
@@ -101,12 +103,9 @@ def test_the_stage_is_on_only_when_asked(monkeypatch, wan, value, on, pack_log):
     assert engine.prepare(wan.Model(n_blocks=2), settings(compile_transformer_blocks_only=False)).whole is None
 
 
-def test_calls_while_it_compiles_run_eagerly_beside_it_without_waiting(stage_on, wan, wan_inputs, graph_count,
-                                                                      monkeypatch, pack_log):
-    """No scope of the sampling thread may overlap the worker's: restored out of order, the
-    two would leave the cache folder set. So the calls run eagerly (the server was idle when
-    the compile started; a prompt that comes meanwhile is the rare case)."""
-    import threading
+@contextlib.contextmanager
+def _whole_compile_held(monkeypatch, model, x, t, persistent=None, **kw):
+    """The stage's compile started and held on the worker inside the block: ``cm``."""
     started, release = threading.Event(), threading.Event()
     compile_captured = engine.CompiledModel._compile_captured
 
@@ -116,24 +115,91 @@ def test_calls_while_it_compiles_run_eagerly_beside_it_without_waiting(stage_on,
             assert release.wait(60)
         return compile_captured(self, *args, **kwargs)
     monkeypatch.setattr(engine.CompiledModel, "_compile_captured", slow)
-    model = wan.Model(n_blocks=2).eval()
-    x, t = wan_inputs()
-    cm = engine.prepare(model, settings())
+    cm = engine.prepare(model, settings(**kw), persistent=persistent)
     for _ in range(3):
         run(cm, model, x, t)
     assert started.wait(60) and background.optional_running()
-    runs, g = cm.entry.runs, graph_count()
     try:
+        yield cm
+    finally:  # (also when the block fails: the next test must find the worker idle)
+        release.set()
+        done = cm.whole.job.done.wait(60) and background.wait_idle(60)
+    assert done
+
+
+def test_calls_while_it_compiles_run_the_regional_graphs_beside_it_without_waiting(
+        stage_on, wan, wan_inputs, graph_count, counting_backend, monkeypatch, pack_log):
+    """No compile and no scope on the sampling thread: each region call is checked ahead
+    (``compile_core.beside``). A torch that cannot check guards ahead (2.8) runs them eagerly."""
+    ahead = torch_compat.guard_check()
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    with _whole_compile_held(monkeypatch, model, x, t, backend=counting_backend.name) as cm:
+        runs, g, graph_runs = cm.entry.runs, graph_count(), counting_backend.runs
         for _ in range(2):
             torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
-    finally:
-        release.set()
-    assert cm.entry.runs == runs and graph_count() == g  # eagerly: not on its compiled regions
-    said = [i for i in pack_log.infos() if "runs eagerly while" in i]
-    assert len(said) == 1 and "as one graph" in said[0], said  # said once, not per call
-    assert cm.whole.job.done.wait(60) and background.wait_idle(60)
+        assert counting_backend.runs == graph_runs + 2 * 2 * ahead  # both blocks, both calls: compiled
+        assert cm.entry.runs == runs + 2 * ahead and graph_count() == g
+    said = [i for i in pack_log.infos() if "while" in i and "compiles in the background" in i]
+    assert len(said) == 1 and "as one graph" in said[0], said  # once, not per call
+    assert ("runs its compiled graphs while" in said[0]) is ahead
+    assert ("cannot check its graphs' guards ahead" in said[0]) is not ahead
     run(cm, model, x, t)
     assert cm.whole.state == "ready" and cm.whole.taken == 1
+
+
+def test_a_new_size_while_it_compiles_runs_eagerly_and_compiles_nothing(
+        stage_on, wan, wan_inputs, graph_count, counting_backend, monkeypatch):
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    with _whole_compile_held(monkeypatch, model, x, t, backend=counting_backend.name,
+                             shape_policy="static") as cm:
+        g, graph_runs = graph_count(), counting_backend.runs
+        x2, t2 = wan_inputs(tokens=10)
+        torch.testing.assert_close(run(cm, model, x2, t2), eager(model, x2, t2))
+        assert counting_backend.runs == graph_runs and graph_count() == g  # eager, and no compile here
+        assert not cm.compiling_in_background  # nothing queued for it
+
+
+@pytest.mark.skipif(not torch_compat.load_compiled_function(), reason="no saved regions on this torch")
+def test_saved_regions_run_beside_the_compile_in_variants_that_ran(stage_on, wan, wan_inputs, graph_count,
+                                                                   monkeypatch, tmp_path):
+    """The saved-region path (``precompiled``): a variant that has run takes the call with no
+    load, trace or scope on the sampling thread (``Precompiled.takes_ready``)."""
+    from compile_core import beside, precompiled
+    from compile_core.persist import PersistentCache
+    answers = []
+    real_run = beside.StrictMiss.run
+    monkeypatch.setattr(beside.StrictMiss, "run", lambda self, *a, **k: answers.append(real_run(self, *a, **k))
+                        or answers[-1])
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    with _whole_compile_held(monkeypatch, model, x, t, persistent=PersistentCache(tmp_path / "cache"),
+                             backend="inductor") as cm:
+        assert isinstance(cm.entry.precompiled, precompiled.Precompiled) and cm.entry.precompiled.captured
+        runs, g = cm.entry.runs, graph_count()
+        torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t), rtol=1e-4, atol=1e-4)
+        assert answers == [None, None]  # both blocks: compiled (an eager one returns its output)
+        assert cm.entry.runs == runs + 1 and graph_count() == g
+
+
+def test_a_model_with_graph_breaks_runs_eagerly_beside_the_compile(stage_on, wan, wan_inputs,
+                                                                  counting_backend, monkeypatch, pack_log):
+    """A break's resume frame is a graph the check ahead does not see: it could compile here."""
+    model = wan.Model(n_blocks=2).eval()
+    for block in model.blocks:
+        def proj_with_a_break(a, proj=block.proj.forward):
+            torch._dynamo.graph_break()
+            return proj(a)
+        block.proj.forward = proj_with_a_break
+    x, t = wan_inputs()
+    with _whole_compile_held(monkeypatch, model, x, t, backend=counting_backend.name) as cm:
+        assert cm.entry.graph_breaks >= 1  # counted by the regional compile
+        graph_runs = counting_backend.runs
+        torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+        assert counting_backend.runs == graph_runs
+    said = [i for i in pack_log.infos() if "runs eagerly while" in i]
+    assert len(said) == 1 and "its graphs have graph breaks" in said[0], said
 
 
 def test_on_the_cpu_calls_while_it_compiles_run_on_a_thread_fewer(monkeypatch, wan, wan_inputs):

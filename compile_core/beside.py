@@ -1,0 +1,90 @@
+"""Model calls while the worker runs an optional compile: on the graphs this model already has.
+
+An optional compile (the whole-graph stage, ``whole_graph``) starts when the server is idle, and
+nothing waits for it: a prompt that comes meanwhile runs beside it. Eagerly, that prompt was
+slower than the same prompt on the regional graphs before the compile began. It now runs the
+regional graphs that take its calls, on these terms:
+
+- No compile on this thread: each region call is checked ahead against dynamo's cache, as
+  dynamo would check it (``StrictMiss``); a call no graph takes for sure runs the block's eager
+  forward (also where it cannot be told), and nothing is queued for it.
+- No scope on this thread: the scope's knobs and environment matter to a compile only, and
+  the worker's scope holds the process-wide environment (``engine.CompiledModel.run``).
+- Only a model whose graphs have no graph break: a break's resume frame is a graph of its own
+  that the check ahead does not see, and a miss there would compile here.
+- Not with CUDA graphs (modes ``reduce-overhead``, ``max-autotune`` or the ``cudagraphs``
+  backend, on a GPU): their replays are not to share a device with a compile that runs the model.
+- Saved regions (``precompiled``) run only in variants that have run here already
+  (``Precompiled.takes_ready``): a first call may load, trace or build kernels.
+- A tracer of the worker's may catch a module call of this thread; the call then runs again
+  (``background.eager_beside_worker``).
+- On the CPU, the call keeps every thread (an eager call beside the compile leaves the worker
+  one): dynamo's guards pin the thread count the graphs were compiled with, and with one
+  thread fewer no graph would take a call.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import background, torch_compat
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+class StrictMiss:
+    """For one model call (``shapes.shaped_call``'s ``miss``): a region runs compiled only when
+    a graph of it takes the call for sure (its guards, ``torch_compat.cached_graph_accepts``),
+    else its eager forward; nothing is kept for a compile."""
+
+    def __init__(self, compiled: Callable):
+        self.compiled, self.eager_regions = compiled, 0
+
+    def run(self, module: nn.Module, args: tuple, kwargs: dict, shaped: tuple, shaped_kwargs: dict,
+            fast=None) -> tuple | None:
+        taken = fast.takes_ready(module, shaped, shaped_kwargs) if fast is not None else None
+        if taken is None:
+            taken = torch_compat.cached_graph_accepts(self.compiled, module, shaped, shaped_kwargs)
+        if taken is True:
+            return None
+        self.eager_regions += 1
+        return (nn.Module._call_impl(module, *args, **kwargs),)
+
+
+def why_not(cm, device: torch.device) -> str:
+    """Why this model's calls cannot run its graphs beside the worker ('' when they can)."""
+    e, s = cm.entry, cm.settings
+    if e.failed or not e.graphs:  # (of the entry: an Apply node that runs again shares it)
+        return "it has no compiled graph yet"
+    if e.graph_breaks:
+        return "its graphs have graph breaks"
+    if device.type == "cuda" and (s.backend == "cudagraphs" or
+                                  (s.backend == "inductor" and s.mode in CUDA_GRAPH_MODES)):
+        return "its graphs replay CUDA graphs"
+    if not torch_compat.answered(torch_compat.guard_check):  # (never run here: see ``answered``)
+        return f"torch {torch.__version__} cannot check its graphs' guards ahead, or has not been asked yet"
+    return ""
+
+
+def run(cm, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device,
+        attached: Callable) -> object:
+    """One model call of ``cm`` (an ``engine.CompiledModel``) while an optional compile runs:
+    on its graphs where they take it, else eagerly; said once per job."""
+    why = why_not(cm, device)
+    background.note_beside(cm.description, why)
+    if why:
+        return background.eager_beside_worker(call, device)
+    modules, fast = cm.plan.modules(diffusion_model), cm.entry.precompiled or None
+    miss = StrictMiss(cm.entry.compiled)
+
+    def compiled_call():
+        if fast is not None:
+            fast.begin_run(modules, device)  # (no scope: ``takes_ready`` lets only built variants run)
+        with attached(modules, cm.entry.compiled, cm.plan.family, cm.settings.shape_policy,
+                      not cm.plan.regional, fast, cm._shapers, miss):
+            return call()
+    out = background.eager_beside_worker(compiled_call)  # every thread: see the module's notes
+    cm.entry.runs += miss.eager_regions == 0  # (a compiled model call, as ``engine`` counts them)
+    return out
