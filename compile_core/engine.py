@@ -561,7 +561,7 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     else:
         entry, reused = CompiledEntry(fp, factory()), False
     description = plan.describe(diffusion_model)
-    whole = whole_graph.of(entry) if whole_graph.wanted(plan) and not entry.failed else None
+    whole = whole_graph.of(entry) if whole_graph.wanted(plan, settings) and not entry.failed else None
     log.info("%s [%s, mode=%s, fingerprint %s]", _prepared(entry, reused, description),
              settings.backend, settings.mode, fp[:12])
     return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet,

@@ -31,7 +31,7 @@ LEGACY_EXTRA_KEYS = (
     "ptx_cache_dir", "speed_preset",
 )
 # Keys this pack adds (after all of the above; every consumer ignores unknown keys).
-NEW_EXTRA_KEYS = ("shape_policy", "declared_shapes", "background_compile")
+NEW_EXTRA_KEYS = ("shape_policy", "declared_shapes", "background_compile", "whole_graph")
 UI_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead", "speed")
 SPEED_PRESET = {"backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dynamic": True}
 LIMIT_RANGE = (0, 1024)
@@ -88,6 +88,8 @@ class CompileSettings:
     declared_shapes: tuple | None = None
     # compile in a worker thread while the first run goes on eagerly (compile_core.background)
     background_compile: bool = False
+    # after a regional compile settles, the whole model as one graph in the background (whole_graph)
+    whole_graph: bool = False
 
     @classmethod
     def from_args(cls, args: Any) -> "CompileSettings":
@@ -122,6 +124,7 @@ class CompileSettings:
             shape_policy=_choice(a, "shape_policy", POLICIES, default="auto"),
             declared_shapes=parse_declared_shapes(_str(a, "declared_shapes", default="")),
             background_compile=_bool(a, "background_compile", default=BACKGROUND_DEFAULT),
+            whole_graph=_bool(a, "whole_graph", default=False),
         )
 
     def compile_kwargs(self) -> dict[str, Any]:
@@ -143,7 +146,7 @@ def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynami
                        warmup_runs=1, ptx_cache_dir="", dynamo_recompile_limit=128,
                        force_parameter_static_shapes=False,
                        allow_unmerged_lora_compile=False, shape_policy="auto",
-                       declared_shapes="", background_compile=None) -> dict[str, Any]:
+                       declared_shapes="", background_compile=None, whole_graph=False) -> dict[str, Any]:
     """The settings node's output: WanVideoWrapper's 9 keys in its order, then the legacy extras.
 
     ``mode="speed"`` is not a torch mode, so it is translated here, before the dict is built.
@@ -170,6 +173,7 @@ def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynami
         "shape_policy": shape_policy,
         "declared_shapes": declared_shapes or "",
         "background_compile": BACKGROUND_DEFAULT if background_compile is None else background_compile,
+        "whole_graph": whole_graph,
     }
     CompileSettings.from_args(args)  # fail here, with the key named, not later in a sampler
     return args

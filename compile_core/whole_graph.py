@@ -40,9 +40,10 @@ from .registry import CompiledEntry
 ENV = "TORCH_COMPILE_SPEED_WHOLE_GRAPH"  # operator: "1" turns this stage on
 
 
-def wanted(plan: RegionPlan) -> bool:
-    """The stage is on (``ENV``) for a regional compile."""
-    return switches.switch(ENV, False) and plan.regional
+def wanted(plan: RegionPlan, settings) -> bool:
+    """The stage is on for a regional compile: the settings node's ``whole_graph``, unless the
+    operator's ``ENV`` says otherwise ("1" or "0")."""
+    return switches.switch(ENV, settings.whole_graph) and plan.regional
 
 
 def _nested(forward: Callable, reuse: int) -> Callable:

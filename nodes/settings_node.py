@@ -49,6 +49,12 @@ _TIPS = {
                           "uses mode 'default' (no autotuning next to the running model). A model "
                           "on the CPU compiles once its sampling run is over (beside the run it "
                           "would share the run's cores).",
+    "whole_graph": "Experimental, off by default; not yet measured on a GPU. Once the regional compile "
+                   "has settled, compile the whole model as one graph (blocks nested) in the "
+                   "background when the server is idle; calls its guards accept run it (a little "
+                   "faster per step on small models), any other call runs the regional graphs. A "
+                   "prompt that comes while it compiles runs the regional graphs. The environment "
+                   "variable TORCH_COMPILE_SPEED_WHOLE_GRAPH, when set, overrides this.",
 }
 
 
@@ -88,6 +94,7 @@ class TorchCompileSpeedSettings:
             "shape_policy": (list(POLICIES), {"default": "auto"}),
             "declared_shapes": ("STRING", {"default": ""}),
             "background_compile": ("BOOLEAN", {"default": BACKGROUND_DEFAULT}),
+            "whole_graph": ("BOOLEAN", {"default": False}),
         }
         return {"required": {k: _tip(k, v) for k, v in required.items()},
                 "optional": {k: _tip(k, v) for k, v in optional.items()}}

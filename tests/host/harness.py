@@ -462,6 +462,7 @@ SETTINGS_DEFAULTS = {
     "shape_policy": "auto",
     "declared_shapes": "",
     "background_compile": False,
+    "whole_graph": False,
 }
 
 # What a user gets: the settings node left at its defaults (``speed``: inductor,

@@ -14,7 +14,7 @@ ORIGINAL_REQUIRED = ["backend", "fullgraph", "mode", "dynamic", "dynamo_cache_si
                      "ptx_fast_math", "warmup_runs"]
 ORIGINAL_OPTIONAL = ["ptx_cache_dir", "dynamo_recompile_limit"]
 NEW_OPTIONAL = ["force_parameter_static_shapes", "allow_unmerged_lora_compile", "shape_policy",
-                "declared_shapes", "background_compile"]
+                "declared_shapes", "background_compile", "whole_graph"]
 FAST = {"backend": "aot_eager"}  # real dynamo tracing, no C++ build: for logic checks
 
 
@@ -40,7 +40,8 @@ def test_nodes_listed_with_original_input_order(comfy_host):
                         "reuse_if_similar": True, "experimental_ptx": False, "ptx_fast_math": True,
                         "warmup_runs": 1, "ptx_cache_dir": "", "dynamo_recompile_limit": 128,
                         "force_parameter_static_shapes": False, "allow_unmerged_lora_compile": False,
-                        "shape_policy": "auto", "declared_shapes": "", "background_compile": False}
+                        "shape_policy": "auto", "declared_shapes": "", "background_compile": False,
+                        "whole_graph": False}
     assert all(v[1].get("tooltip") for v in {**req, **s["input"]["optional"]}.values())
 
     a = comfy_host.object_info("ApplyTorchCompile")

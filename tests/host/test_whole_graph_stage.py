@@ -111,3 +111,12 @@ def test_core_torch_compile_after_apply_keeps_the_stage_off(host, tiny_wan):
         assert rel_l2(host.latent(hist), eager) < 1e-3
     stage = host.probe(hist)["pack_status"]["whole_graph"]
     assert stage["state"] == "waiting" and stage["taken"] == 0, stage
+
+
+def test_the_settings_nodes_whole_graph_turns_it_on_without_the_variable(tmp_path, tiny_wan_path, tiny_wan):
+    with ComfyHost(tmp_path / "server", models=[tiny_wan_path]) as host:
+        off = host.probe(host.run(_prompt(tiny_wan, "off")))["pack_status"]
+        assert off["whole_graph"] is None, off  # the node's default: off
+        on = host.probe(host.run(wan_t2v_prompt(tiny_wan, compile_settings={**SETTINGS, "whole_graph": True},
+                                                steps=STEPS, prefix="on")))["pack_status"]
+        assert on["whole_graph"]["state"] in ("queued", "ready"), on  # (the same entry: it has settled)

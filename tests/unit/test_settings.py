@@ -20,7 +20,7 @@ KEY_TYPES = {"backend": str, "fullgraph": bool, "mode": str, "dynamic": bool,
              "allow_unmerged_lora_compile": bool, "reuse_if_similar": bool,
              "experimental_ptx": bool, "ptx_fast_math": bool, "warmup_runs": int,
              "ptx_cache_dir": str, "speed_preset": bool, "shape_policy": str,
-             "declared_shapes": str, "background_compile": bool}
+             "declared_shapes": str, "background_compile": bool, "whole_graph": bool}
 # The 7 keys WanVideoWrapper's consumers index directly.
 WAN_INDEXED = ["dynamo_cache_size_limit", "force_parameter_static_shapes",
                "compile_transformer_blocks_only", "fullgraph", "dynamic", "backend", "mode"]
