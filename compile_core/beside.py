@@ -18,6 +18,8 @@ regional graphs that take its calls, on these terms:
   (``Precompiled.takes_ready``): a first call may load, trace or build kernels.
 - A tracer of the worker's may catch a module call of this thread; the call then runs again
   (``background.eager_beside_worker``).
+- Out of memory beside the compile (on a GPU the compile runs the model once too): the call
+  waits for the compile, then runs again alone, so the prompt completes.
 - On the CPU, the call keeps every thread (an eager call beside the compile leaves the worker
   one): dynamo's guards pin the thread count the graphs were compiled with, and with one
   thread fewer no graph would take a call.
@@ -29,7 +31,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import background, torch_compat
+from . import background, log, torch_compat
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -74,8 +76,15 @@ def run(cm, diffusion_model: nn.Module, call: Callable[[], object], device: torc
     on its graphs where they take it, else eagerly; said once per job."""
     why = why_not(cm, device)
     background.note_beside(cm.description, why)
-    if why:
-        return background.eager_beside_worker(call, device)
+    try:
+        if why:
+            return background.eager_beside_worker(call, device)
+        return _on_its_graphs(cm, diffusion_model, call, device, attached)
+    except torch.OutOfMemoryError as exc:
+        return after_the_compile(cm.description, call, device, exc)
+
+
+def _on_its_graphs(cm, diffusion_model, call, device, attached):
     modules, fast = cm.plan.modules(diffusion_model), cm.entry.precompiled or None
     miss = StrictMiss(cm.entry.compiled)
 
@@ -88,3 +97,15 @@ def run(cm, diffusion_model: nn.Module, call: Callable[[], object], device: torc
     out = background.eager_beside_worker(compiled_call)  # every thread: see the module's notes
     cm.entry.runs += miss.eager_regions == 0  # (a compiled model call, as ``engine`` counts them)
     return out
+
+
+def after_the_compile(description: str, call: Callable[[], object], device: torch.device, exc) -> object:
+    """Out of memory beside the compile, which runs the model once on the same device: wait
+    for it, then run the call again, eagerly and alone (a model call changes no state). The
+    prompt completes rather than fail over an optional compile."""
+    log.warning("%s ran out of memory beside a background compile; it runs again once that compile "
+                "is done: %s", description, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+    background.wait_idle()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return call()

@@ -379,7 +379,10 @@ class CompiledModel:
         if job is not None or background.busy():  # this compile, or another model's, runs
             if job is not None:
                 job.eager_calls += 1
-            return (background.eager_beside_worker(call, device),)
+            try:
+                return (background.eager_beside_worker(call, device),)
+            except torch.OutOfMemoryError as exc:  # (on a GPU the compile runs the regions too)
+                return (beside.after_the_compile(self.description, call, device, exc),)
         return None
 
     def _start_background(self, diffusion_model, call, device):

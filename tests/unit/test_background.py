@@ -87,6 +87,28 @@ def test_calls_while_the_worker_compiles_run_eagerly(wan, wan_inputs, monkeypatc
     assert cm.swapped_at == 4
 
 
+def test_out_of_memory_beside_the_workers_compile_waits_for_it_and_runs_again(wan, wan_inputs, monkeypatch,
+                                                                              pack_log):
+    """On a GPU the worker's compile runs the regions too (a FAKE out-of-memory here): the
+    eager call waits for the compile, then runs again alone; the prompt completes."""
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, _bg())
+    gate = threading.Event()
+    original = cm._compile_captured
+    monkeypatch.setattr(cm, "_compile_captured", lambda *a: (gate.wait(60), original(*a))[1])
+    run(cm, model, x, t)  # captured; its compile waits at the gate
+
+    def out_of_memory(fn, device=None):
+        raise torch.OutOfMemoryError("FAKE: CUDA out of memory")
+    monkeypatch.setattr(background, "eager_beside_worker", out_of_memory)
+    threading.Timer(0.5, gate.set).start()
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert not background.busy() and cm._job.done.is_set()  # it waited for the compile
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and "ran out of memory beside a background compile" in warnings[0]
+
+
 def test_a_failing_background_compile_warns_once_and_eager_goes_on(wan, wan_inputs, raising_backend,
                                                                    pack_log):
     model = wan.Model(n_blocks=2).eval()

@@ -114,9 +114,10 @@ def test_the_settings_node_turns_it_on_and_the_operators_variable_overrides_it(m
 
 
 @contextlib.contextmanager
-def _whole_compile_held(monkeypatch, model, x, t, persistent=None, **kw):
-    """The stage's compile started and held on the worker inside the block: ``cm``."""
-    started, release = threading.Event(), threading.Event()
+def _whole_compile_held(monkeypatch, model, x, t, persistent=None, release=None, **kw):
+    """The stage's compile started and held on the worker inside the block (or until
+    ``release`` is set): ``cm``."""
+    started, release = threading.Event(), release or threading.Event()
     compile_captured = engine.CompiledModel._compile_captured
 
     def slow(self, *args, **kwargs):
@@ -169,6 +170,28 @@ def test_a_new_size_while_it_compiles_runs_eagerly_and_compiles_nothing(
         torch.testing.assert_close(run(cm, model, x2, t2), eager(model, x2, t2))
         assert counting_backend.runs == graph_runs and graph_count() == g  # eager, and no compile here
         assert not cm.compiling_in_background  # nothing queued for it
+
+
+def test_out_of_memory_beside_the_compile_waits_for_it_and_runs_the_call_again(
+        stage_on, wan, wan_inputs, monkeypatch, pack_log):
+    """On a GPU the compile runs the model once beside the prompt's call (a FAKE out-of-memory
+    here): the call waits for the compile and runs again alone; the prompt completes."""
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    tries = []
+
+    def out_of_memory(fn, device=None):
+        tries.append(1)
+        raise torch.OutOfMemoryError("FAKE: CUDA out of memory. Tried to allocate 2.00 GiB")
+    release = threading.Event()
+    with _whole_compile_held(monkeypatch, model, x, t, release=release) as cm:
+        monkeypatch.setattr(background, "eager_beside_worker", out_of_memory)
+        threading.Timer(0.5, release.set).start()  # the compile goes on while the call waits
+        torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+        assert not background.busy()  # it waited for the compile
+    assert tries == [1]
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and "ran out of memory beside a background compile" in warnings[0]
 
 
 @pytest.mark.skipif(not torch_compat.load_compiled_function(), reason="no saved regions on this torch")
