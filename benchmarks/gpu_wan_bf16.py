@@ -2,7 +2,8 @@
 eager vs this pack's regional compile (``compile_core.engine.prepare`` + ``run``, the settings
 node's defaults: mode ``speed``) vs whole-model ``torch.compile`` as ComfyUI core's
 TorchCompileModel runs it (mode default). ``ours-stage`` adds the experimental whole-graph stage
-(``TORCH_COMPILE_SPEED_WHOLE_GRAPH=1``): its background compile's time and peak memory, then
+(``TORCH_COMPILE_SPEED_WHOLE_GRAPH=1``): its background compile's time and peak memory with
+model calls running beside it (as a prompt that comes meanwhile: ``compile_core/beside.py``), then
 steady calls through it.
 
 No ComfyUI server is needed. The model is ComfyUI's own ``comfy.ldm.wan.model.WanModel`` when
@@ -311,16 +312,35 @@ def until_whole_graph(cm, call, sync, on_cuda: bool, device) -> dict:
     if on_cuda:
         sync()
         torch.cuda.reset_peak_memory_stats(device)
-    if cm.whole.job is None or not cm.whole.job.done.wait(1800):
+    if cm.whole.job is None:
+        return {"error": f"the whole-graph stage did not compile: {cm.whole.state}"}
+    beside = _calls_beside(cm.whole.job, call, sync)
+    if not cm.whole.job.done.wait(1800):
         return {"error": f"the whole-graph stage did not compile: {cm.whole.state}"}
     background.wait_idle()
     seconds = cm.whole.job.seconds
-    out = {"compile_s": seconds}
-    if on_cuda:
+    out = {"compile_s": seconds, **beside}
+    if on_cuda:  # (with the calls beside it: a prompt that came while it compiled)
         out["peak_gb_compile"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
     call()
     sync()
     return out
+
+
+def _calls_beside(job, call, sync, limit_s: float = 1800) -> dict:
+    """Model calls while the stage compiles, as a prompt that comes meanwhile makes them
+    (``compile_core/beside.py``: on the regional graphs): their median and count."""
+    from compile_core import background
+    deadline = time.monotonic() + limit_s
+    while not (background.optional_running() or job.done.is_set()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    times = []
+    while background.optional_running() and not job.done.is_set() and time.monotonic() < deadline:
+        start = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - start)
+    return {"beside_ms_median": statistics.median(times) * 1e3 if times else None, "beside_calls": len(times)}
 
 
 # --------------------------------------------------------------------------- driver
@@ -421,7 +441,9 @@ def write_md(res: dict, path: Path) -> None:
               f"compiled in {st['compile_s']:.1f} s (peak GB during it: "
               f"{st.get('peak_gb_compile', float('nan')):.2f}); state {st['state']}, took "
               f"{st['taken']} of {st['taken'] + st['regional_calls']} calls after it (timed and not), "
-              f"{st['refusals']} refused, {st['graphs']} graph(s)")]
+              f"{st['refusals']} refused, {st['graphs']} graph(s); "
+              f"{st.get('beside_calls', 0)} calls beside its compile, median "
+              f"{st.get('beside_ms_median') or float('nan'):.1f} ms (the regional graphs)")]
     path.write_text("\n".join(L) + "\n")
 
 
