@@ -104,13 +104,13 @@ def test_the_stage_is_on_only_when_asked(monkeypatch, wan, value, on, pack_log):
 
 
 @pytest.mark.parametrize("node, env, on", [(True, "", True), (True, "0", False), (False, "1", True),
-                                            (True, "maybe", True)])
+                                            (True, "now-and-then", True)])
 def test_the_settings_node_turns_it_on_and_the_operators_variable_overrides_it(monkeypatch, wan, node, env, on,
                                                                                pack_log):
     monkeypatch.setenv(whole_graph.ENV, env)
     assert (engine.prepare(wan.Model(n_blocks=2), settings(whole_graph=node)).whole is not None) is on
-    # (a bad value is warned once per value and process: the test above uses another)
-    assert any(whole_graph.ENV in w for w in pack_log.warnings()) is (env == "maybe")
+    # (a bad value is warned once per value and process: other tests use others)
+    assert any(whole_graph.ENV in w for w in pack_log.warnings()) is (env == "now-and-then")
 
 
 @contextlib.contextmanager
