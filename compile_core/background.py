@@ -56,6 +56,7 @@ class Job:
         self.queued = time.perf_counter()
         self.seconds = 0.0  # how long the worker ran it
         self.eager_calls = 0  # model calls that ran eagerly while it was pending
+        self.beside_calls = 0  # model calls that ran beside it, eagerly or not (``note_beside``)
         self.what = ""  # what it compiles, for the log ("the first input", "a new input")
         self.result = None  # what ``fn`` returned
         self.on_done: Callable[[], None] | None = None  # called on the worker once ``done`` is set
@@ -277,22 +278,22 @@ def optional_running() -> bool:
 
 
 def note_beside(description: str, eager_why: str = "") -> None:
-    """Count a model call that runs beside the optional compile running now, and say so at the
+    """Count a model call that runs beside the compile running now (an optional one, or
+    another model's), and say so at the
     first (no call beside it is left unsaid): on its own graphs (``beside``), or eagerly and
     why (``eager_why``)."""
     job = WORKER.current
     if job is None:
         return
-    job.eager_calls += 1
-    if job.eager_calls > 1:
+    job.beside_calls += 1
+    if job.beside_calls > 1:
         return
     if eager_why:
-        log.info("%s runs eagerly while %s compiles in the background (%s; an optional compile: "
-                 "nothing waits for it; compiled calls resume when it is done)", description,
-                 job.label, eager_why)
+        log.info("%s runs eagerly while %s compiles in the background (%s; nothing waits for "
+                 "that compile; compiled calls resume when it is done)", description, job.label, eager_why)
     else:
         log.info("%s runs its compiled graphs while %s compiles in the background (a call no graph "
-                 "takes runs eagerly; an optional compile: nothing waits for it)", description, job.label)
+                 "takes runs eagerly; nothing waits for that compile)", description, job.label)
 
 
 def busy() -> bool:

@@ -1,9 +1,11 @@
-"""Model calls while the worker runs an optional compile: on the graphs this model already has.
+"""Model calls while the worker compiles something else: on the graphs this model already has.
 
 An optional compile (the whole-graph stage, ``whole_graph``) starts when the server is idle, and
 nothing waits for it: a prompt that comes meanwhile runs beside it. Eagerly, that prompt was
-slower than the same prompt on the regional graphs before the compile began. It now runs the
-regional graphs that take its calls, on these terms:
+slower than the same prompt on the regional graphs before the compile began. The same holds
+for a model in background mode whose graphs are built while another model's compile runs
+(WAN 2.2's two models, say): it ran eagerly until the worker was idle. Both now run the
+regional graphs that take their calls, on these terms:
 
 - No compile on this thread: each region call is checked ahead against dynamo's cache, as
   dynamo would check it (``StrictMiss``); a call no graph takes for sure runs the block's eager

@@ -365,7 +365,8 @@ class CompiledModel:
             self._foreground -= 1
 
     def _run_background(self, diffusion_model, call, device) -> tuple | None:
-        """``(output,)`` of a call that ran eagerly (a compile pending on the worker), or None
+        """``(output,)`` of a call that ran beside the worker (eagerly while its own compile is
+        pending; on its graphs, where built, while another model's runs: ``beside``), or None
         when the call takes the compiled path (the job is done: swapped in here)."""
         job = self._job
         if job is None and self.entry.graphs == 0 and not self._bg_done:
@@ -376,13 +377,14 @@ class CompiledModel:
         if job is not None and job.done.is_set() and not background.busy():
             self._swap(job)
             return None if not self.entry.failed else (call(),)
-        if job is not None or background.busy():  # this compile, or another model's, runs
-            if job is not None:
-                job.eager_calls += 1
+        if job is not None and not job.done.is_set():  # this model's compile runs: eagerly
+            job.eager_calls += 1
             try:
                 return (background.eager_beside_worker(call, device),)
             except torch.OutOfMemoryError as exc:  # (on a GPU the compile runs the regions too)
                 return (beside.after_the_compile(self.description, call, device, exc),)
+        if background.busy():  # another model's compile runs: on this one's graphs, where built
+            return (beside.run(self, diffusion_model, call, device, attached),)
         return None
 
     def _start_background(self, diffusion_model, call, device):

@@ -142,6 +142,33 @@ def test_two_models_queue_on_the_one_worker(wan_factory, wan_inputs):
     assert ca.swapped_at == 2 and cb.swapped_at == 2
 
 
+def test_a_model_whose_compile_is_done_runs_it_beside_another_models_compile(wan_factory, wan_inputs, graph_count,
+                                                                            counting_backend, pack_log):
+    """WAN 2.2's two models: the first one's graphs are built while the second one's compile
+    runs; its calls run them (``compile_core.beside``), not eagerly until the worker is idle."""
+    a = wan_factory("WanA").Model(n_blocks=2).eval()
+    b = wan_factory("WanB").Model(n_blocks=2, dim=48).eval()
+    x, t = wan_inputs()
+    ca, cb = engine.prepare(a, _bg(backend=counting_backend.name)), engine.prepare(b, _bg())
+    gate = threading.Event()
+    original = cb._compile_captured
+    cb._compile_captured = lambda *args: (gate.wait(60), original(*args))[1]
+    try:
+        run(ca, a, x, t)  # a: eager, its compile queued
+        run(cb, b, x, t)  # b: eager, its compile queued after a's (held at the gate)
+        assert ca._job.done.wait(60) and not ca.entry.failed and background.busy()
+        ahead, runs, g = torch_compat.guard_check(), counting_backend.runs, graph_count()
+        torch.testing.assert_close(run(ca, a, x, t), eager(a, x, t))
+        assert counting_backend.runs == runs + 2 * ahead and graph_count() == g  # a's 2 blocks, compiled
+    finally:
+        gate.set()
+    _wait_done(cb)
+    said = [i for i in pack_log.infos() if "while" in i and "compiles in the background (" in i]
+    assert len(said) == 1 and ("runs its compiled graphs while" in said[0]) is ahead, said
+    torch.testing.assert_close(run(ca, a, x, t), eager(a, x, t))
+    assert ca.swapped_at is not None  # swapped once the worker was idle
+
+
 def test_foreground_finishes_a_pending_compile_first(wan, wan_inputs, graph_count):
     model = wan.Model(n_blocks=2).eval()
     x, t = wan_inputs()
