@@ -14,6 +14,8 @@ regional graphs that take their calls, on these terms:
   the worker's scope holds the process-wide environment (``engine.CompiledModel.run``).
 - Only a model whose graphs have no graph break: a break's resume frame is a graph of its own
   that the check ahead does not see, and a miss there would compile here.
+- Not inside another torch.compile (core's TorchCompileModel after Apply): that compile
+  would trace the checks ahead.
 - Not with CUDA graphs (modes ``reduce-overhead``, ``max-autotune`` or the ``cudagraphs``
   backend, on a GPU): their replays are not to share a device with a compile that runs the model.
 - Saved regions (``precompiled``) run only in variants that have run here already
@@ -62,6 +64,8 @@ def why_not(cm, device: torch.device) -> str:
     e, s = cm.entry, cm.settings
     if e.failed or not e.graphs:  # (of the entry: an Apply node that runs again shares it)
         return "it has no compiled graph yet"
+    if cm.inside_other_compile:  # (that compile would trace the checks ahead)
+        return "another torch.compile wraps its model call"
     if e.graph_breaks:
         return "its graphs have graph breaks"
     if device.type == "cuda" and (s.backend == "cudagraphs" or

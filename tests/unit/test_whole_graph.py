@@ -159,6 +159,24 @@ def test_calls_while_it_compiles_run_the_regional_graphs_beside_it_without_waiti
     assert cm.whole.state == "ready" and cm.whole.taken == 1
 
 
+def test_inside_another_compile_calls_beside_it_run_eagerly(wan, wan_inputs, counting_backend, monkeypatch,
+                                                            pack_log):
+    """Core's TorchCompileModel after Apply would trace the checks ahead: eager, as before."""
+    torch_compat.guard_check()  # (answered: the wrapper is the only reason left)
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, settings(backend=counting_backend.name))
+    run(cm, model, x, t)
+    cm.inside_other_compile = True  # (what the bridge sets when it sees such a wrapper)
+    monkeypatch.setattr(background, "optional_running", lambda: True)
+    monkeypatch.setattr(background.WORKER, "current", background.Job(lambda: None, "another model as one graph"))
+    graph_runs = counting_backend.runs
+    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
+    assert counting_backend.runs == graph_runs
+    said = [i for i in pack_log.infos() if "runs eagerly while" in i]
+    assert len(said) == 1 and "another torch.compile wraps its model call" in said[0], said
+
+
 def test_a_new_size_while_it_compiles_runs_eagerly_and_compiles_nothing(
         stage_on, wan, wan_inputs, graph_count, counting_backend, monkeypatch):
     model = wan.Model(n_blocks=2).eval()
