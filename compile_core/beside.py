@@ -78,8 +78,9 @@ def why_not(cm, device: torch.device) -> str:
 
 def run(cm, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device,
         attached: Callable) -> object:
-    """One model call of ``cm`` (an ``engine.CompiledModel``) while an optional compile runs:
-    on its graphs where they take it, else eagerly; said once per job."""
+    """One model call of ``cm`` (an ``engine.CompiledModel``) while the worker compiles
+    something else (an optional compile, or another model's): on its graphs where they take
+    it, else eagerly; said once per job."""
     why = why_not(cm, device)
     background.note_beside(cm.description, why)
     try:
@@ -108,7 +109,7 @@ def _on_its_graphs(cm, diffusion_model, call, device, attached):
 def after_the_compile(description: str, call: Callable[[], object], device: torch.device, exc) -> object:
     """Out of memory beside the compile, which runs the model once on the same device: wait
     for it, then run the call again, eagerly and alone (a model call changes no state). The
-    prompt completes rather than fail over an optional compile."""
+    prompt completes rather than fail over a background compile."""
     log.warning("%s ran out of memory beside a background compile; it runs again once that compile "
                 "is done: %s", description, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
     background.wait_idle()
