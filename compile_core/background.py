@@ -279,9 +279,8 @@ def optional_running() -> bool:
 
 def note_beside(description: str, eager_why: str = "") -> None:
     """Count a model call that runs beside the compile running now (an optional one, or
-    another model's), and say so at the
-    first (no call beside it is left unsaid): on its own graphs (``beside``), or eagerly and
-    why (``eager_why``)."""
+    another model's), and say so at the first (no call beside it is left unsaid): on its own
+    graphs (``beside``), or eagerly and why (``eager_why``)."""
     job = WORKER.current
     if job is None:
         return

@@ -165,7 +165,7 @@ class WholeGraph:
     regional_calls: int = 0  # model calls it did not take (they ran the regional graphs)
     direct: bool = False  # the next call goes straight to the graph (``RegionalOnMiss``)
     refusals: int = 0  # calls sent straight to it that it refused
-    breaks: int = -1  # graph breaks its compile met (-1: not compiled yet)
+    breaks: int = -1  # graph breaks its compile met (its entry's count; -1: not compiled yet)
     no_refusal: bool = False  # this torch cannot refuse a miss (``torch_compat.refusal_works``)
 
     def run(self, regional, dm: nn.Module, call: Callable[[], object], device: torch.device,
@@ -213,9 +213,8 @@ class WholeGraph:
         (c,) = captured  # the diffusion model's call
         c.module, twins = twin.twin(c.module, blocks, self.nested.ours)
         context = functools.partial(_both, outer, functools.partial(self.nested.attached, twins))
-        breaks = torch_compat.graph_break_count()  # (nothing else compiles meanwhile: see defer)
         graphs = self.cm._compile_captured(captured, device, context)
-        self.breaks = torch_compat.graph_break_count() - breaks
+        self.breaks = self.cm.entry.graph_breaks  # (counted by the compile pass: nothing else compiles meanwhile)
         return graphs
 
     def _finish(self, regional) -> None:
