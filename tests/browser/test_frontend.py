@@ -30,7 +30,8 @@ SETTINGS_ORDER = ["backend", "fullgraph", "mode", "dynamic", "dynamo_cache_size_
 ORIGINAL_ORDER = SETTINGS_ORDER[:12]
 PTX_DEPENDENTS = ["ptx_fast_math", "warmup_runs", "ptx_cache_dir"]
 SPEED_OVERRIDES = ["backend", "dynamic"]
-DEPENDENTS = PTX_DEPENDENTS + SPEED_OVERRIDES
+REGIONAL_ONLY = ["whole_graph"]  # greyed out while compile_transformer_blocks_only is off
+DEPENDENTS = PTX_DEPENDENTS + SPEED_OVERRIDES + REGIONAL_ONLY
 
 
 def pack_errors(page):
@@ -65,8 +66,9 @@ def disabled_map(widgets):
     return {w["name"]: w["disabled"] for w in widgets if w["name"] in DEPENDENTS}
 
 
-def expected_disabled(ptx, mode):
-    return {**{n: not ptx for n in PTX_DEPENDENTS}, **{n: mode == "speed" for n in SPEED_OVERRIDES}}
+def expected_disabled(ptx, mode, regional=True):
+    return {**{n: not ptx for n in PTX_DEPENDENTS}, **{n: mode == "speed" for n in SPEED_OVERRIDES},
+            **{n: not regional for n in REGIONAL_ONLY}}
 
 
 # --------------------------------------------------------------------------- registration
@@ -250,16 +252,18 @@ def test_settings_widgets_grey_out_without_changing_values(comfy_page, settings_
     assert disabled_map(start) == expected_disabled(False, "speed")
     serialized = page.node("tcs_settings", "n.serialize().widgets_values")
 
-    ptx, mode = False, "speed"
+    ptx, mode, regional = False, "speed", True
     for name, value in [("experimental_ptx", True), ("mode", "default"), ("experimental_ptx", False),
-                        ("mode", "max-autotune"), ("mode", "speed"), ("experimental_ptx", True)]:
+                        ("compile_transformer_blocks_only", False), ("mode", "max-autotune"),
+                        ("compile_transformer_blocks_only", True), ("mode", "speed"), ("experimental_ptx", True)]:
         now = page.call(TOGGLE_JS, "tcs_settings", name, value)
         ptx = value if name == "experimental_ptx" else ptx
         mode = value if name == "mode" else mode
+        regional = value if name == "compile_transformer_blocks_only" else regional
         values[name] = value
         assert [w["name"] for w in now] == names, "widget order changed"
         assert {w["name"]: w["value"] for w in now} == values, f"values changed after {name}={value}"
-        assert disabled_map(now) == expected_disabled(ptx, mode), f"after {name}={value}: {now}"
+        assert disabled_map(now) == expected_disabled(ptx, mode, regional), f"after {name}={value}: {now}"
         # No other widget is ever disabled by us.
         assert not any(w["disabled"] for w in now if w["name"] not in DEPENDENTS)
 

@@ -5,7 +5,8 @@
 //    sampling run compiled, recompiled or fell back. The last payload is kept on the node as
 //    `node.tcsStatus`, the badge text as `node.tcsBadge` (both read by tests/browser).
 // 2. "Torch Compile Speed Settings" greys out widgets that have no effect: the PTX options while
-//    experimental_ptx is off, and backend/dynamic while mode is "speed" (which sets them).
+//    experimental_ptx is off, backend/dynamic while mode is "speed" (which sets them), and
+//    whole_graph while compile_transformer_blocks_only is off (the stage follows a regional compile).
 //    Widgets are only *disabled*, never removed or reordered, and their values are untouched:
 //    UI-format workflows store widget values by position.
 import { app } from "../../scripts/app.js";
@@ -21,6 +22,9 @@ const DIAGNOSTICS_NODE = "TorchCompileDiagnostics";
 
 const PTX_DEPENDENTS = ["ptx_fast_math", "warmup_runs", "ptx_cache_dir"];
 const SPEED_OVERRIDES = ["backend", "dynamic"];
+const REGIONAL_ONLY = ["whole_graph"];
+const DEPENDENTS = [...PTX_DEPENDENTS, ...SPEED_OVERRIDES, ...REGIONAL_ONLY];
+const DRIVERS = ["experimental_ptx", "mode", "declared_shapes", "compile_transformer_blocks_only"];
 
 const STATES = {
   pending: { label: "pending (not run yet)", color: "#9aa0a6" },
@@ -52,6 +56,9 @@ function inertWidgets(node) {
   if (widget(node, "mode")?.value === "speed") {
     for (const name of SPEED_OVERRIDES) out[name] = "mode 'speed' sets this (inductor, dynamic)";
   }
+  if (widget(node, "compile_transformer_blocks_only")?.value === false) {
+    for (const name of REGIONAL_ONLY) out[name] = "only after a regional compile (compile_transformer_blocks_only)";
+  }
   return out;
 }
 
@@ -60,7 +67,7 @@ function syncSettingsWidgets(node) {
   if (!node?.widgets) return;
   const inert = inertWidgets(node);
   let changed = false;
-  for (const name of [...PTX_DEPENDENTS, ...SPEED_OVERRIDES]) {
+  for (const name of DEPENDENTS) {
     const w = widget(node, name);
     if (!w) continue;
     const off = name in inert;
@@ -81,7 +88,7 @@ function syncSettingsWidgets(node) {
 }
 
 function hookSettingsWidgets(node) {
-  for (const name of ["experimental_ptx", "mode", "declared_shapes"]) {
+  for (const name of DRIVERS) {
     const w = widget(node, name);
     if (!w || w.tcsHooked) continue;
     const callback = w.callback;
@@ -108,7 +115,7 @@ function plural(n, word) {
   return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
 
-/** The experimental whole-graph stage's line (TORCH_COMPILE_SPEED_WHOLE_GRAPH=1), or null. */
+/** The experimental whole-graph stage's line (the settings node's whole_graph), or null. */
 function wholeGraphLine(stage) {
   if (!stage || typeof stage !== "object") return null;
   const calls = (stage.taken ?? 0) + (stage.regional_calls ?? 0);
@@ -323,7 +330,7 @@ app.registerExtension({
         syncSettingsWidgets(this);
       });
       chain(nodeType.prototype, "onWidgetChanged", function (name) {
-        if (["experimental_ptx", "mode", "declared_shapes"].includes(name)) syncSettingsWidgets(this);
+        if (DRIVERS.includes(name)) syncSettingsWidgets(this);
       });
       // Safety net for value changes that bypass callbacks (undo, paste, other extensions):
       // the check is a few array lookups per frame and only marks the canvas dirty on change.
