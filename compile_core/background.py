@@ -196,7 +196,12 @@ def _in_own_thread(fn: Callable[[], None], label: str) -> None:
     threads than cores and stops spinning between parallel loops, so every later model call is
     slower (measured, 2 cores, tiny WAN: the regional graphs 52 -> 90 ms a call, the whole graph
     44 -> 69 ms, after a compile on the long-lived worker; unchanged after one in a thread that
-    ended)."""
+    ended). Not on a torch where a thread that compiled must not end (``compile_threads``):
+    there ``fn`` runs on the worker, which never ends."""
+    from . import compile_threads
+    if not compile_threads.after_a_thread_ends():
+        fn()
+        return
     thread = threading.Thread(target=fn, name=f"tcs-compile {label}"[:60], daemon=True)
     thread.start()
     thread.join()

@@ -266,18 +266,23 @@ def warm(manifest: dict) -> dict:
 
 def warm_probes() -> float:
     """The pack's probes of what this torch can do (``torch_compat.features``: tiny compiles,
-    cached for the process, about 1.5 s here). Returns the seconds (never raises); sets
-    ``_probed`` however it ends."""
+    cached for the process, about 1.5 s here), where this torch lets a thread that compiled end
+    (``compile_threads``: else the first compile runs them). Returns the seconds (never
+    raises); sets ``_probed`` however it ends."""
     start = time.perf_counter()
+    probed = False
     try:
-        from . import torch_compat
-        torch_compat.features()
+        from . import compile_threads, torch_compat
+        if compile_threads.after_a_thread_ends():  # (else this thread must not compile: it ends)
+            torch_compat.features()
+            probed = True
     except Exception as exc:  # noqa: BLE001 - only an optimisation: the first compile probes
         log.info("feature probes at start-up stopped early: %s", exc)
     finally:
         _probed.set()
     secs = time.perf_counter() - start
-    log.info("probed this torch's compile features at start-up in %.1f s", secs)
+    if probed:
+        log.info("probed this torch's compile features at start-up in %.1f s", secs)
     return secs
 
 

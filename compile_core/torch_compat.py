@@ -504,7 +504,13 @@ FEATURES: dict[str, Callable[[], object]] = {
     "cache_artifacts": cache_artifacts,
     "opaque_weight_fetch": opaque_weight_fetch,
     "guard_check": guard_check,
+    "compiles_after_a_thread_ends": lambda: _compile_threads().after_a_thread_ends(),
 }
+
+
+def _compile_threads():
+    from . import compile_threads  # (a child process: see there)
+    return compile_threads
 
 
 def answered(probe: Callable[[], object]) -> object | None:

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from compile_core import background, engine, torch_compat
+from compile_core import background, compile_threads, engine, torch_compat
 from compile_core.status import status_payload
 from tcs_engine_helpers import CPU, eager, run, settings
 
@@ -340,7 +340,8 @@ def test_the_workers_compile_runs_inside_the_callers_worker_context(wan, wan_inp
     cm = engine.prepare(model, _bg())
     cm.run(model, lambda: model(x, t), CPU, routing)
     _wait_done(cm)
-    assert len(held) == 2 and held[0].startswith("tcs-compile") and held[1] == "left"  # a compile thread
+    thread = "tcs-compile" if compile_threads.after_a_thread_ends() else "tcs-background-compile"
+    assert len(held) == 2 and held[0].startswith(thread) and held[1] == "left"  # the compile's thread
     assert cm.entry.graphs == 1
 
 
@@ -497,6 +498,8 @@ def test_a_broken_idle_check_starts_the_held_compile_with_one_warning(wan, wan_i
 def test_each_job_runs_in_a_thread_that_ends_with_it():
     """A compile runs its graphs once; on the CPU their OpenMP loops give the running thread a
     thread team of its own, which slowed every later model call while the thread lived."""
+    if not compile_threads.after_a_thread_ends():
+        pytest.skip(f"torch {torch.__version__}: jobs run on the worker itself (test_compile_threads)")
     seen = []
     job = background.submit(lambda: seen.append(threading.current_thread()), "a job")
     assert job.done.wait(30) and background.wait_idle(30)

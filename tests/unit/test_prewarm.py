@@ -123,8 +123,9 @@ def test_one_warm_up_per_process_warms_the_base_and_replays_a_manifest_if_there_
                           "probed": torch_compat.compile_works.cache_info().currsize == 1,
                           "replayed": "torch.utils.show_pickle" in sys.modules}}))
     """
-    assert _child(code) == {"started": [True, False], "entry": True, "probed": True,  # once per process
-                            "replayed": replayed}
+    from compile_core import compile_threads  # (torch 2.11.0: the first compile probes, on its thread)
+    assert _child(code) == {"started": [True, False], "entry": True,  # once per process
+                            "probed": compile_threads.after_a_thread_ends(), "replayed": replayed}
     assert _child(code, {prewarm.ENV: "0"}) == {"started": [False, False], "entry": False,
                                                 "probed": False, "replayed": False}
 
@@ -136,7 +137,9 @@ def test_the_start_up_probes_come_first_and_a_prompt_waits_for_them(monkeypatch,
     prompt makes (``probes_done``) returns only after them, and the rest of the warm-up (the
     fleet's manifest, torch's compile entry) starts only after them."""
     import threading
-    from compile_core import torch_compat
+    from compile_core import compile_threads, torch_compat
+    if not compile_threads.after_a_thread_ends():
+        pytest.skip(f"torch {torch_compat.torch.__version__} probes with the first compile (test_compile_threads)")
     order, release = [], threading.Event()
 
     def fake_probes():

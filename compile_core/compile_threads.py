@@ -1,0 +1,68 @@
+"""Whether this torch may compile on a thread after another thread that compiled has ended.
+
+Torch 2.11.0 may not: once a thread that compiled has ended, a compile on any other thread
+crashes the whole process (a segmentation fault in ``FakeTensorMode.__enter__``; found here
+with ComfyUI 0.33 on torch 2.11.0, Python 3.11 and 3.12; not on torch 2.8, 2.13 or 2.14). In
+ComfyUI that is the server, at the first compiled prompt. While the first thread is alive,
+nothing happens, so the crash needs a thread that compiled and ended. The pack had two:
+- the start-up warm-up thread, whose feature probes compile tiny functions;
+- each background compile's thread of its own (``background._in_own_thread``).
+
+Where this torch fails the probe, neither compiles: the feature probes run with the first
+compile, on the prompt's thread, and background compiles run on the worker thread, which never
+ends. ComfyUI's prompt thread lives as long as the server.
+
+The probe is that sequence in a child process (a crash there costs nothing), about 4 s, once
+per process, off the start-up path (the warm-up thread, or the background worker). A child
+that cannot run counts as a crash: the pack then keeps to threads that stay, which is always
+safe.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+import torch
+
+from . import log
+
+PROBE = """
+import threading, torch
+def first():
+    torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
+def second():
+    torch.compile(lambda x: x.sin(), backend="eager")(torch.ones(2, 2))
+for fn in (first, second):
+    t = threading.Thread(target=fn)
+    t.start()
+    t.join()
+print("compiled on a second thread")
+"""
+TIMEOUT = 300  # s: a first import of torch from a slow disk (Windows, a network share)
+
+
+@functools.lru_cache(maxsize=None)
+def after_a_thread_ends() -> bool:
+    """True where a compile on one thread after another compiling thread has ended is safe."""
+    why = _probe()
+    if why:
+        log.info_once(f"compile-threads:{why}", "torch %s: %s; so the pack compiles only on threads that stay "
+                      "(its feature probes run with the first compile, and background compiles on the "
+                      "background worker itself)", torch.__version__, why)
+    return not why
+
+
+def _probe() -> str:
+    """'' when the child process compiled on its second thread; else what happened."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                              timeout=TIMEOUT, env=dict(os.environ), stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the thread-safety probe could not run ({type(exc).__name__}: {exc})"
+    if proc.returncode == 0 and "compiled on a second thread" in proc.stdout:
+        return ""
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    return (f"a compile on a second thread, after the first compiling thread ended, failed in a "
+            f"child process (exit code {proc.returncode}: {tail})")
