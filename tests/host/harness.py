@@ -241,12 +241,14 @@ def _empty_dirs(base: Path, names) -> dict[str, str]:
 
 
 class ComfyHost:
-    """One ComfyUI server (``main.py --cpu``) under ``base_dir``; always killed at exit."""
+    """One ComfyUI server (``main.py --cpu`` unless told) under ``base_dir``; always killed at exit."""
 
     def __init__(self, base_dir, *, models=(), cross_attention=True, extra_args=(), env=None,
-                 port=None, omp_threads=1, with_pack=True, with_test_nodes=True, new_container=False):
+                 port=None, omp_threads=1, with_pack=True, with_test_nodes=True, new_container=False,
+                 cpu=True):
         """``new_container``: TMPDIR and HOME are new empty folders, as in a freshly started
-        container that kept only ComfyUI's folder (torch's default caches live under them)."""
+        container that kept only ComfyUI's folder (torch's default caches live under them).
+        ``cpu=False``: ComfyUI picks its device itself (``tests/gpu``, on a GPU)."""
         self.base_dir = Path(base_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -254,7 +256,8 @@ class ComfyHost:
         self.log_path = self.base_dir / "comfyui.log"
         self.proc = None
         self._finalizer = None
-        self.args = [PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+        self.args = [PYTHON, "main.py", *(["--cpu"] if cpu else []),
+                     "--listen", "127.0.0.1", "--port", str(self.port),
                      "--base-directory", str(self.base_dir),
                      "--database-url", f"sqlite:///{self.base_dir}/user/comfyui.db",
                      "--disable-auto-launch"]

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Run HERE, before a GPU session's first device call: builds .gpu/ (git-ignored), which the
+# device tool carries (`carry: [".gpu"]`), for scripts/gpu_session.sh on the device machine:
+#   .gpu/wheels/          scripts/gpu_requirements.txt as Python 3.12 manylinux wheels
+#   .gpu/kitchen/         comfy-kitchen's Python code (no native libraries: too large to carry)
+#   .gpu/comfyui-0.33.0/  the default test host without its tests, caches and examples, with a
+#                         tcs_host.json whose front_end_root is a stub page (no frontend wheel)
+# Needs bootstrap's .host/comfyui-0.33.0 and .venv. Prints the size: a device call carries
+# 64 MiB in all, the working tree included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HOST=.host/comfyui-0.33.0
+KITCHEN=0.2.31  # ComfyUI 0.33.0's pin (its requirements.txt)
+[ -d "$HOST" ] || { echo "[gpu_prepare] $HOST is missing: run scripts/bootstrap.sh first" >&2; exit 1; }
+rm -rf .gpu && mkdir -p .gpu/wheels
+.venv/bin/python -m pip download --quiet --only-binary=:all: --no-deps --implementation cp \
+  --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform any -d .gpu/wheels -r scripts/gpu_requirements.txt
+# comfy-kitchen (ComfyUI 0.33 imports it unconditionally) without its native CUDA and HIP
+# libraries (58 MB): its Triton and eager backends stand in, which it reports (gpu_session setup)
+kitchen=$(mktemp -d)
+.venv/bin/python -m pip download --quiet --only-binary=:all: --no-deps --implementation cp \
+  --python-version 3.12 --platform manylinux_2_28_x86_64 -d "$kitchen" "comfy-kitchen==$KITCHEN"
+.venv/bin/python - "$kitchen"/comfy_kitchen-*.whl .gpu/kitchen <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if not n.endswith(".so")])
+PY
+rm -rf "$kitchen"
+.venv/bin/python - "$HOST" .gpu/comfyui-0.33.0 <<'PY'
+import json, shutil, sys
+from pathlib import Path
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+TOP = {"tests", "tests-unit", ".github", ".ci", "script_examples", "custom_nodes", "input", "output",
+       "models", "user", "temp", "tcs_host.json"}  # (only at the top: comfy/ldm/models is code)
+
+
+TOP |= {"blueprints"}  # (optional: ComfyUI loads them only where the folder exists)
+
+
+def skip(folder, names):
+    """Caches, the top-level folders above, and tokenizer data (read when a text encoder is
+    built: the tests and the benchmark build none)."""
+    top = Path(folder) == src
+    return {n for n in names if n == "__pycache__" or n.endswith(".pyc") or (top and n in TOP)
+            or (n.endswith("_tokenizer") and _data_only(Path(folder) / n))}
+
+
+def _data_only(path):
+    return path.is_dir() and not any(path.rglob("*.py"))
+
+
+shutil.copytree(src, dst, ignore=skip)
+for sub in ("custom_nodes", "input", "output", "models"):
+    (dst / sub).mkdir(exist_ok=True)
+stub = dst / "tcs_stub_frontend"
+stub.mkdir()
+(stub / "index.html").write_text("<!doctype html><title>ComfyUI (TorchCompileSpeed GPU run: no frontend)</title>\n")
+cfg = json.loads((src / "tcs_host.json").read_text()) if (src / "tcs_host.json").is_file() else {}
+cfg.update(front_end_root=stub.name, gpu_copy=True)  # (the server runs in the host folder)
+(dst / "tcs_host.json").write_text(json.dumps(cfg, indent=1) + "\n")
+PY
+du -sh .gpu/wheels .gpu/kitchen .gpu/comfyui-0.33.0
+total=$(( $(du -sb .gpu | cut -f1) + $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) ))
+echo "[gpu_prepare] a device call would carry about $((total / 1048576)) MiB (limit 64)"
+[ $total -lt $((62 * 1048576)) ] || { echo "[gpu_prepare] too large to carry" >&2; exit 1; }
+echo "[gpu_prepare] done; on the device: bash scripts/gpu_session.sh setup (carry .gpu)"

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Run ON THE DEVICE MACHINE (the library's `device` tool), from the repo root, with .gpu carried
+# (made here first by scripts/gpu_prepare.sh). One stage per call: a call may run 10 minutes.
+#   bash scripts/gpu_session.sh setup        wheels into .gpu/site; the GPU, torch, Triton, comfy-aimdo
+#   bash scripts/gpu_session.sh tests        tests/gpu (Triton kernels, PTX warm-up, background
+#                                            compile, dynamic VRAM on a ComfyUI 0.33 server)
+#   bash scripts/gpu_session.sh bench-small  benchmarks/gpu_wan_bf16.py --small (33 frames 240x416)
+#   bash scripts/gpu_session.sh bench        benchmarks/gpu_wan_bf16.py (81 frames 480x832)
+# Every stage runs setup first if it has not run on this machine (a new machine starts bare).
+# Results go to $OUT (the device tool brings them back), or .gpu-run/out without it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+OUT=${OUT:-.gpu-run/out}  # (.gpu-run: made here, never carried)
+mkdir -p "$OUT"
+SITE="$PWD/.gpu-run/site"
+export PYTHONPATH="$SITE:$PWD/.gpu/kitchen${PYTHONPATH:+:$PYTHONPATH}"
+export TCS_COMFY_HOST="$PWD/.gpu/comfyui-0.33.0"
+[ -d "$TCS_COMFY_HOST" ] || { echo "[gpu] .gpu is missing: run scripts/gpu_prepare.sh here and carry .gpu" >&2; exit 2; }
+
+setup() {
+  if [ ! -f "$SITE/.done" ]; then
+    "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" .gpu/wheels/*.whl || return 1
+    touch "$SITE/.done"
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  "$PY" - <<'PY'
+import importlib, sys, torch
+print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
+for name in ("triton", "comfy_aimdo", "torchsde", "sqlalchemy", "comfy_kitchen", "av"):
+    try:
+        m = importlib.import_module(name)
+        print(name, getattr(m, "__version__", "imported"))
+    except Exception as exc:  # noqa: BLE001 - a report
+        print(name, "MISSING:", type(exc).__name__, exc)
+try:
+    import comfy_kitchen
+    print("comfy_kitchen backends:", {k: v["available"] for k, v in comfy_kitchen.list_backends().items()})
+except Exception as exc:  # noqa: BLE001 - a report
+    print("comfy_kitchen backends: ?", exc)
+PY
+}
+
+stage=${1:-setup}
+setup > "$OUT/setup.txt" 2>&1; rc=$?
+cat "$OUT/setup.txt"
+[ $rc = 0 ] || exit $rc
+case "$stage" in
+  setup) ;;
+  tests)
+    "$PY" -m pytest tests/gpu -v -rA -p no:cacheprovider --basetemp="$PWD/.gpu-run/pytest" \
+      --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.txt"
+    rc=${PIPESTATUS[0]} ;;
+  bench-small|bench)
+    flag=(); [ "$stage" = bench-small ] && flag=(--small)
+    "$PY" benchmarks/gpu_wan_bf16.py "${flag[@]}" --out "$OUT/gpu_results${flag:+_small}" 2>&1 | tee "$OUT/$stage.txt"
+    rc=${PIPESTATUS[0]} ;;
+  *) echo "[gpu] unknown stage: $stage (setup, tests, bench-small, bench)" >&2; rc=2 ;;
+esac
+exit $rc
