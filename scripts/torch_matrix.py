@@ -12,7 +12,7 @@ Results go to ``benchmarks/results/torch_matrix.json`` and ``.md``, with the com
 them. A run over a subset (``--versions 2.9.1``) replaces those versions' rows and keeps the
 others (each row records its own command and date). Exit status 1 when anything failed.
 
-    .venv/bin/python scripts/torch_matrix.py                      # 2.8.0 2.9.1 2.13.0 2.14.1
+    .venv/bin/python scripts/torch_matrix.py                      # 2.8.0 2.9.1 2.11.0 2.13.0 2.14.1
     .venv/bin/python scripts/torch_matrix.py --versions 2.9.1 --skip-demo
 
 Several minutes per version on 2 cores (plus a few GB and minutes per venv built once).
@@ -33,7 +33,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSIONS = ["2.8.0", "2.9.1", "2.13.0", "2.14.1"]
+VERSIONS = ["2.8.0", "2.9.1", "2.11.0", "2.13.0", "2.14.1"]
 RESULTS = ROOT / "benchmarks" / "results" / "torch_matrix"
 SUITES = {"unit": ["tests/unit"], "foundation": ["tests/host/test_foundation.py"]}
 
