@@ -41,6 +41,7 @@ for fn in (first, second):
 print("compiled on a second thread")
 """
 TIMEOUT = 300  # s: a first import of torch from a slow disk (Windows, a network share)
+NO_WINDOW = 0x08000000  # Windows' CREATE_NO_WINDOW: no console flashes up under ComfyUI Desktop
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +59,8 @@ def _probe() -> str:
     """'' when the child process compiled on its second thread; else what happened."""
     try:
         proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                              timeout=TIMEOUT, env=dict(os.environ), stdin=subprocess.DEVNULL)
+                              timeout=TIMEOUT, env=dict(os.environ), stdin=subprocess.DEVNULL,
+                              creationflags=NO_WINDOW if sys.platform == "win32" else 0)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"the thread-safety probe could not run ({type(exc).__name__}: {exc})"
     if proc.returncode == 0 and "compiled on a second thread" in proc.stdout:

@@ -46,6 +46,20 @@ def test_a_child_that_cannot_start_counts_as_a_crash(fresh_probe, monkeypatch):
     assert why.startswith("the thread-safety probe could not run (FileNotFoundError")
 
 
+def test_on_windows_the_child_opens_no_console_window(fresh_probe, monkeypatch):
+    """FAKE Windows (the platform name; the child is not started): ComfyUI Desktop runs without
+    a console, where a child python would flash one up."""
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen.update(kw)
+        raise OSError("FAKE: not started")
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(compile_threads.subprocess, "run", fake_run)
+    assert compile_threads._probe().startswith("the thread-safety probe could not run (OSError")
+    assert seen["creationflags"] == 0x08000000 and seen["stdin"] is compile_threads.subprocess.DEVNULL
+
+
 def _compile_thread(cm, monkeypatch) -> list[str]:
     """The names of the threads the model's background compiles ran on."""
     names, original = [], cm._compile_captured
