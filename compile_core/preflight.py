@@ -41,7 +41,7 @@ def torch_features() -> dict[str, bool]:
         "aot_compile": torch_compat.aot_compile_knobs() is not None,
         "load_compiled_function": torch_compat.load_compiled_function(),
         "backed_size_oblivious_safe": torch_compat.backed_size_oblivious_safe(),
-        "compiles_after_a_thread_ends": torch_compat.FEATURES["compiles_after_a_thread_ends"](),
+        "compiles_after_a_thread_ends": torch_compat.compile_threads.after_a_thread_ends(),
     }
 
 

@@ -28,6 +28,8 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from . import compile_threads
+
 MIN_VERSION = (2, 8)
 NEWEST_TESTED = (2, 14)
 
@@ -504,13 +506,8 @@ FEATURES: dict[str, Callable[[], object]] = {
     "cache_artifacts": cache_artifacts,
     "opaque_weight_fetch": opaque_weight_fetch,
     "guard_check": guard_check,
-    "compiles_after_a_thread_ends": lambda: _compile_threads().after_a_thread_ends(),
+    "compiles_after_a_thread_ends": compile_threads.after_a_thread_ends,  # (a child process)
 }
-
-
-def _compile_threads():
-    from . import compile_threads  # (a child process: see there)
-    return compile_threads
 
 
 def answered(probe: Callable[[], object]) -> object | None:

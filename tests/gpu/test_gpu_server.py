@@ -18,10 +18,9 @@ ENABLED = "DynamicVRAM support detected and enabled"  # ComfyUI's start-up line 
 
 def test_the_node_defaults_on_a_dynamic_vram_model_compile_a_clone_that_samples_like_eager(
         tmp_path, tiny_wan_path, tiny_wan):
-    on_gpu = ON_GPU
-    with ComfyHost(tmp_path / "server", models=[tiny_wan_path], cpu=not on_gpu) as host:
+    with ComfyHost(tmp_path / "server", models=[tiny_wan_path], cpu=not ON_GPU) as host:
         start = host.log_text()
-        assert (ENABLED in start) == on_gpu, start[-3000:]
+        assert (ENABLED in start) == ON_GPU, start[-3000:]
         eager_hist = host.run(wan_t2v_prompt(tiny_wan, apply=False, prefix="eager"))
         before = host.probe(eager_hist)["counters"]
         offset = host.log_offset()
@@ -31,6 +30,6 @@ def test_the_node_defaults_on_a_dynamic_vram_model_compile_a_clone_that_samples_
         assert report["pack_status"]["state"] in ("cold", "warm"), report["pack_status"]
         assert report["pack_status"]["mode"] == "max-autotune-no-cudagraphs"
         assert new_graphs(counters_delta(before, report["counters"])) >= 1
-        assert len(pack_lines(log, TURNED_OFF)) == on_gpu, log
+        assert len(pack_lines(log, TURNED_OFF)) == ON_GPU, log
         assert not pack_lines(log, "torch.compile failed") and not pack_lines(log, "eagerly"), log
         assert rel_l2(host.latent(hist), host.latent(eager_hist)) < 1e-2
