@@ -1,10 +1,11 @@
 """GPU benchmark: a WAN 2.1 1.3B-shaped bf16 model (random weights, a few blocks) on CUDA,
-eager vs this pack's regional compile (``compile_core.engine.prepare`` + ``run``, the settings
-node's defaults: mode ``speed``) vs whole-model ``torch.compile`` as ComfyUI core's
-TorchCompileModel runs it (mode default). ``ours-stage`` adds the experimental whole-graph stage
-(``TORCH_COMPILE_SPEED_WHOLE_GRAPH=1``): its background compile's time and peak memory with
-model calls running beside it (as a prompt that comes meanwhile: ``compile_core/beside.py``), then
-steady calls through it.
+eager vs this pack's regional compile alone (``ours-regional``: ``compile_core.engine.prepare`` +
+``run``, mode ``speed``, the whole-graph stage off) vs whole-model ``torch.compile`` as ComfyUI
+core's TorchCompileModel runs it (mode default). ``ours-stage`` is the settings node's defaults,
+the whole-graph stage included: its background compile's time and peak memory with model calls
+running beside it (as a prompt that comes meanwhile: ``compile_core/beside.py``), its trial
+against the regional graphs (``compile_core/stage_trial.py``: kept or let go, with both times),
+then steady calls through what it chose.
 
 No ComfyUI server is needed. The model is ComfyUI's own ``comfy.ldm.wan.model.WanModel`` when
 the default test host (``.host/comfyui-0.33.0``, or ``TCS_COMFY_HOST``) exists (``--model comfy``,
@@ -231,11 +232,12 @@ def worker(args) -> dict:
         from compile_core import engine
         from compile_core.persist import PersistentCache
         from compile_core.settings import CompileSettings, build_compile_args
+        # ours-stage: the node's defaults, the whole-graph stage and its trial included;
+        # ours-regional: the regional graphs alone (whole_graph off)
         settings = CompileSettings.from_args(build_compile_args(
-            backend=args.backend, mode=args.mode,
+            backend=args.backend, mode=args.mode, whole_graph=args.worker == "ours-stage",
             compile_transformer_blocks_only=args.worker != "ours-whole"))
-        if args.worker == "ours-stage":
-            os.environ[STAGE_ENV] = "1"
+        os.environ.pop(STAGE_ENV, None)  # (the operator's override would skip the trial)
         t0 = time.perf_counter()
         # the pack's persistent cache, as ComfyUI runs it (the root comes from the env below),
         # so the restart pass loads the saved regions (compile_core/precompiled.py)
@@ -322,8 +324,13 @@ def until_whole_graph(cm, call, sync, on_cuda: bool, device) -> dict:
     out = {"compile_s": seconds, **beside}
     if on_cuda:  # (with the calls beside it: a prompt that came while it compiled)
         out["peak_gb_compile"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
-    call()
+    trial = cm.whole.trial
+    for _ in range(40):  # its trial against the regional graphs (compile_core/stage_trial.py)
+        call()
+        if trial is None or trial.done or cm.whole.state != "ready":
+            break
     sync()
+    out["trial"] = trial.report() if trial is not None else None
     return out
 
 
@@ -433,7 +440,8 @@ def write_md(res: dict, path: Path) -> None:
           "Steady = CUDA-event time of one forward after warm-up. ours-regional is "
           "`compile_core.engine.prepare` + `CompiledModel.run` (blocks only, shape policy auto); "
           "torch-compile-whole is plain `torch.compile(model)` (core's TorchCompileModel: mode default); "
-          "ours-stage is ours-regional with the whole-graph stage, timed once it took over."]
+          "ours-stage is the node's defaults: ours-regional with the whole-graph stage, timed once "
+          "its trial decided (the whole graph if kept, else the regional graphs)."]
     stages = [(v, r["cold"]["whole_graph"]) for v, r in res["variants"].items()
               if "whole_graph" in r.get("cold", {})]
     for v, st in stages:
@@ -443,7 +451,8 @@ def write_md(res: dict, path: Path) -> None:
               f"{st['taken']} of {st['taken'] + st['regional_calls']} calls after it (timed and not), "
               f"{st['refusals']} refused, {st['graphs']} graph(s); "
               f"{st.get('beside_calls', 0)} calls beside its compile, median "
-              f"{st.get('beside_ms_median') or float('nan'):.1f} ms (the regional graphs)")]
+              f"{st.get('beside_ms_median') or float('nan'):.1f} ms (the regional graphs); its trial "
+              f"(fastest call, whole vs regional): {st.get('trial')}")]
     path.write_text("\n".join(L) + "\n")
 
 

@@ -296,8 +296,8 @@ def note_beside(description: str, eager_why: str = "") -> None:
         log.info("%s runs eagerly while %s compiles in the background (%s; nothing waits for "
                  "that compile; compiled calls resume when it is done)", description, job.label, eager_why)
     else:
-        log.info("%s runs its compiled graphs while %s compiles in the background (a call no graph "
-                 "takes runs eagerly; nothing waits for that compile)", description, job.label)
+        log.info("%s runs its compiled graphs while %s compiles in the background (a call none of "
+                 "them takes runs uncompiled; nothing waits for that compile)", description, job.label)
 
 
 def busy() -> bool:

@@ -554,6 +554,9 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     """Plan regions and find (reuse_if_similar) or build the compiled callable for this model.
     ``plan``: regions chosen by the caller (e.g. ``compile_core.vae``), instead of ``plan_regions``."""
     prewarm.wait()
+    # the whole-graph stage is for a diffusion model's own plan, never a caller's: a VAE's
+    # decoder carries state across its per-chunk calls (compile_core.vae never compiles it whole)
+    stage_allowed = plan is None
     plan = plan or plan_regions(diffusion_model, settings.blocks_only)
     fp = fingerprint(diffusion_model, plan, settings)
     factory = functools.partial(make_compiled_call, settings)
@@ -566,7 +569,8 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     else:
         entry, reused = CompiledEntry(fp, factory()), False
     description = plan.describe(diffusion_model)
-    whole = whole_graph.of(entry) if whole_graph.wanted(plan, settings) and not entry.failed else None
+    stage = whole_graph.wanted(plan, settings) if stage_allowed else ""
+    whole = whole_graph.of(entry, stage) if stage and not entry.failed else None
     log.info("%s [%s, mode=%s, fingerprint %s]", _prepared(entry, reused, description),
              settings.backend, settings.mode, fp[:12])
     return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet,

@@ -38,6 +38,9 @@ LIMIT_RANGE = (0, 1024)
 # background_compile when a dict (or an old workflow's node) does not say: see
 # benchmarks/results/background_cpu.md for the measurement behind it
 BACKGROUND_DEFAULT = False
+# whole_graph when a dict (or an old workflow's node) does not say: on, and the stage keeps its
+# graph only where it times faster than the regional graphs (compile_core/stage_trial.py)
+WHOLE_GRAPH_DEFAULT = True
 WARMUP_RANGE = (0, 5)
 
 
@@ -89,7 +92,7 @@ class CompileSettings:
     # compile in a worker thread while the first run goes on eagerly (compile_core.background)
     background_compile: bool = False
     # after a regional compile settles, the whole model as one graph in the background (whole_graph)
-    whole_graph: bool = False
+    whole_graph: bool = WHOLE_GRAPH_DEFAULT
 
     @classmethod
     def from_args(cls, args: Any) -> "CompileSettings":
@@ -124,7 +127,7 @@ class CompileSettings:
             shape_policy=_choice(a, "shape_policy", POLICIES, default="auto"),
             declared_shapes=parse_declared_shapes(_str(a, "declared_shapes", default="")),
             background_compile=_bool(a, "background_compile", default=BACKGROUND_DEFAULT),
-            whole_graph=_bool(a, "whole_graph", default=False),
+            whole_graph=_bool(a, "whole_graph", default=WHOLE_GRAPH_DEFAULT),
         )
 
     def compile_kwargs(self) -> dict[str, Any]:
@@ -146,7 +149,7 @@ def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynami
                        warmup_runs=1, ptx_cache_dir="", dynamo_recompile_limit=128,
                        force_parameter_static_shapes=False,
                        allow_unmerged_lora_compile=False, shape_policy="auto",
-                       declared_shapes="", background_compile=None, whole_graph=False) -> dict[str, Any]:
+                       declared_shapes="", background_compile=None, whole_graph=WHOLE_GRAPH_DEFAULT) -> dict[str, Any]:
     """The settings node's output: WanVideoWrapper's 9 keys in its order, then the legacy extras.
 
     ``mode="speed"`` is not a torch mode, so it is translated here, before the dict is built.

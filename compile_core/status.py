@@ -61,4 +61,6 @@ def _whole_graph(stage) -> dict | None:
         return None
     return {"state": stage.state, "taken": stage.taken, "regional_calls": stage.regional_calls,
             "refusals": stage.refusals, "graph_breaks": max(stage.breaks, 0),
-            "graphs": stage.cm.entry.graphs if stage.cm is not None else 0}
+            "graphs": stage.cm.entry.graphs if stage.cm is not None else 0,
+            "trial": stage.trial.report() if stage.trial is not None else None,
+            "timing": stage.trial is not None and not stage.trial.done and stage.state == "ready"}

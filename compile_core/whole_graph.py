@@ -33,17 +33,21 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import background, log, shapes, switches, torch_compat, twin
+from . import background, log, shapes, stage_trial, switches, torch_compat, twin
 from .regions import WHOLE_MODEL, RegionPlan
 from .registry import CompiledEntry
 
-ENV = "TORCH_COMPILE_SPEED_WHOLE_GRAPH"  # operator: "1" turns this stage on
+ENV = "TORCH_COMPILE_SPEED_WHOLE_GRAPH"  # operator: "1" on (kept without a trial), "0" off
 
 
-def wanted(plan: RegionPlan, settings) -> bool:
-    """The stage is on for a regional compile: the settings node's ``whole_graph``, unless the
-    operator's ``ENV`` says otherwise ("1" or "0")."""
-    return switches.switch(ENV, settings.whole_graph) and plan.regional
+def wanted(plan: RegionPlan, settings) -> str:
+    """For a regional compile: "timed" where the settings node's ``whole_graph`` turns the stage
+    on (it stays if its calls time no slower than the regional graphs', ``stage_trial``),
+    "forced" where the operator's ``ENV`` is "1" (kept without the trial), "" where it is off
+    (the node's option, or ``ENV`` "0")."""
+    if not plan.regional or not switches.switch(ENV, settings.whole_graph):
+        return ""
+    return "forced" if switches.switch(ENV, False) else "timed"
 
 
 def _nested(forward: Callable, reuse: int) -> Callable:
@@ -156,7 +160,7 @@ class RegionalOnMiss:
 @dataclasses.dataclass
 class WholeGraph:
     """The second stage of one regional ``engine.CompiledModel``."""
-    state: str = "waiting"  # -> "queued" -> "ready" | "failed"
+    state: str = "waiting"  # -> "queued" -> "ready" | "failed"; "ready" -> "slower" (its trial)
     cm: object = None  # the whole model's CompiledModel, made when its inputs are captured
     job: background.Job | None = None
     run_over: bool = False  # the sampling run that captured the inputs has ended
@@ -167,6 +171,7 @@ class WholeGraph:
     refusals: int = 0  # calls sent straight to it that it refused
     breaks: int = -1  # graph breaks its compile met (its entry's count; -1: not compiled yet)
     no_refusal: bool = False  # this torch cannot refuse a miss (``torch_compat.refusal_works``)
+    trial: stage_trial.Trial | None = None  # its first calls timed against the regional graphs'
 
     def run(self, regional, dm: nn.Module, call: Callable[[], object], device: torch.device,
             quiet: bool) -> tuple | None:
@@ -176,7 +181,7 @@ class WholeGraph:
         if self.state == "queued" and self.job.done.is_set() and not background.busy():
             self._finish(regional)
         if self.state == "ready" and not background.busy():  # (else: as any call beside a compile)
-            return (self._run_whole(regional, dm, call, device),)
+            return (self._run_ready(regional, dm, call, device),)
         if self.state == "waiting" and quiet and _settled(regional):
             return (self._capture(regional, dm, call, device),)
         return None
@@ -256,6 +261,36 @@ class WholeGraph:
         self.refusals, self.direct = self.refusals + 1, False
         return ()
 
+    def _run_ready(self, regional, dm, call, device):
+        """A call once the whole graph is ready; during its trial, whole and regional calls
+        take turns, timed (``stage_trial``)."""
+        trial = self.trial
+        if trial is None or trial.done:
+            return self._run_whole(regional, dm, call, device)
+        if trial.regional_turn():
+            out, seconds = trial.timed(device, lambda: regional._run_compiled(dm, call, device))
+            trial.add(False, seconds)
+            return out
+        before = self.regional_calls
+        out, seconds = trial.timed(device, lambda: self._run_whole(regional, dm, call, device))
+        if self.state == "ready" and self.regional_calls == before and trial.add(True, seconds):
+            self._judge(regional)
+        return out
+
+    def _judge(self, regional) -> None:
+        """The trial is over: keep the whole graph, or let it go if it was slower."""
+        r = self.trial.report()
+        times = (f"its fastest of {stage_trial.SAMPLES} model calls took {r['whole_ms']:.1f} ms on the whole graph "
+                 f"and {r['regional_ms']:.1f} ms on the regional graphs ({r['ratio']:.2f}x)")
+        regional.changed = True
+        if self.trial.keep:
+            log.info("%s: %s, so the whole graph takes the calls its guards accept from now on",
+                     regional.description, times)
+            return
+        self.state, self.cm = "slower", None
+        log.info("%s: %s; the whole graph is slower here, so it is let go and the regional graphs "
+                 "run from now on", regional.description, times)
+
     def _run_whole(self, regional, dm, call, device):
         from . import engine
         cm = self.cm
@@ -285,11 +320,12 @@ class WholeGraph:
         return regional._run_compiled(dm, call, device)
 
 
-def of(entry: CompiledEntry) -> WholeGraph:
+def of(entry: CompiledEntry, how: str) -> WholeGraph:
     """The stage of a compiled entry, made on first use: every Apply that reuses the entry
-    (a re-run node, a clone) shares its whole graph, as it shares its regional graphs."""
+    (a re-run node, a clone) shares its whole graph, as it shares its regional graphs.
+    ``how``: ``wanted``'s answer (the first Apply's decides whether it has a trial)."""
     if entry.whole is None:
-        entry.whole = WholeGraph()
+        entry.whole = WholeGraph(trial=stage_trial.Trial() if how == "timed" else None)
     return entry.whole
 
 

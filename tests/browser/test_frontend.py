@@ -190,6 +190,14 @@ def test_badge_formats_other_states(comfy_page, tiny_wan):
     assert "whole graph: ran 7 of 8 calls" in staged["lines"], staged
     queued = send({**base, "state": "reused", "whole_graph": {**stage, "state": "queued"}})
     assert "whole graph: compiles when the server is idle" in queued["lines"], queued
+    timing = send({**base, "state": "reused", "whole_graph": {**stage, "timing": True}})
+    assert "whole graph: timing it against the regional graphs" in timing["lines"], timing
+    trial = {"whole_ms": 38.1, "regional_ms": 42.0, "ratio": 0.907}
+    kept = send({**base, "state": "reused", "whole_graph": {**stage, "trial": trial}})
+    assert "whole graph: ran 7 of 8 calls (0.91× the regional time)" in kept["lines"], kept
+    slower = send({**base, "state": "reused",
+                   "whole_graph": {**stage, "state": "slower", "trial": {**trial, "ratio": 1.064}}})
+    assert "whole graph: off, slower than the regional graphs here (1.06×)" in slower["lines"], slower
     dropped = send({**base, "state": "reused", "whole_graph": {**stage, "state": "failed"}})
     assert "whole graph: off, regional graphs run (see the log)" in dropped["lines"], dropped
     off = send({**base, "state": "reused", "whole_graph": None})

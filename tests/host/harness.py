@@ -198,6 +198,16 @@ def pack_lines(log_text, *needles) -> list[str]:
             if PACK_LOG_PREFIX in ln and all(n in ln for n in needles)]
 
 
+# The pack's lines when a model falls back to eager for good (a compile failure, a failed entry),
+# unlike a call that runs eagerly beside a background compile.
+FALLBACK = ("now runs eagerly", "keeps running eagerly", "stays eager")
+
+
+def fallback_lines(log_text) -> list[str]:
+    """The pack's log lines that say a model fell back to eager (``FALLBACK``)."""
+    return [ln for n in FALLBACK for ln in pack_lines(log_text, n)]
+
+
 # --------------------------------------------------------------------------- server process
 
 class PromptError(RuntimeError):
@@ -353,6 +363,17 @@ class ComfyHost:
     def log_tail(self, chars=6000) -> str:
         return self.log_text()[-chars:]
 
+    def wait_for_log(self, needle, since=0, timeout=300.0) -> list[str]:
+        """The pack's log lines (after byte ``since``) that contain ``needle``, once there are any."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = pack_lines(self.log_text(since=since), needle)
+            if lines:
+                return lines
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {needle!r} in the log after {timeout} s:\n{self.log_tail()}")
+            time.sleep(0.5)
+
     # -- HTTP API
     def get(self, route, **kw):
         r = requests.get(self.url + route, timeout=kw.pop("timeout", 30), **kw)
@@ -469,8 +490,9 @@ SETTINGS_DEFAULTS = {
 }
 
 # What a user gets: the settings node left at its defaults (``speed``: inductor,
-# max-autotune-no-cudagraphs). Tests that show a headline feature use this.
-NODE_DEFAULTS = {"mode": "speed"}
+# max-autotune-no-cudagraphs; the whole-graph stage on). Tests that show a headline feature use
+# this (test_foundation checks it against the node's own defaults).
+NODE_DEFAULTS = {"mode": "speed", "whole_graph": True}
 
 _nonce = itertools.count(int(time.time() * 1000) % 1_000_000_000)
 

@@ -6,8 +6,8 @@ import re
 import pytest
 import torch
 
-from harness import (PromptError, counters_delta, new_graphs, rel_l2, wan_consumer_nodes,
-                     wan_t2v_prompt, wan_two_branch_prompt)
+from harness import (NODE_DEFAULTS, SETTINGS_DEFAULTS, PromptError, counters_delta, new_graphs, rel_l2,
+                     wan_consumer_nodes, wan_t2v_prompt, wan_two_branch_prompt)
 
 ORIGINAL_REQUIRED = ["backend", "fullgraph", "mode", "dynamic", "dynamo_cache_size_limit",
                      "compile_transformer_blocks_only", "reuse_if_similar", "experimental_ptx",
@@ -41,7 +41,8 @@ def test_nodes_listed_with_original_input_order(comfy_host):
                         "warmup_runs": 1, "ptx_cache_dir": "", "dynamo_recompile_limit": 128,
                         "force_parameter_static_shapes": False, "allow_unmerged_lora_compile": False,
                         "shape_policy": "auto", "declared_shapes": "", "background_compile": False,
-                        "whole_graph": False}
+                        "whole_graph": True}
+    assert {**SETTINGS_DEFAULTS, **NODE_DEFAULTS} == defaults  # what the tests call the node's defaults
     assert all(v[1].get("tooltip") for v in {**req, **s["input"]["optional"]}.values())
 
     a = comfy_host.object_info("ApplyTorchCompile")

@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from harness import (ComfyHost, counters_delta, make_tiny_wan_lora, new_graphs, pack_lines, rel_l2)
+from harness import (ComfyHost, counters_delta, fallback_lines, make_tiny_wan_lora, new_graphs, pack_lines,
+                     rel_l2)
 from gguf_models import make_tiny_wan_gguf
 from test_gguf import GGUF_PACK, gguf_prompt, require_gguf_loader, with_lora
 from test_reliability_models import model_prompt
@@ -47,7 +48,7 @@ def _sweep(h, eager_prompt, compiled_prompt):
 def _check(rows, logs):
     print("per strength (rel L2 vs eager, new graphs):", list(zip(STRENGTHS, rows)))
     log = "".join(logs)
-    assert not pack_lines(log, "torch.compile failed") and not pack_lines(log, "eagerly"), log
+    assert not pack_lines(log, "torch.compile failed") and not fallback_lines(log), log
     # the first strength compiled the regions (traced, or a saved region captured), the others
     # compiled nothing: no dynamo graph, no "recompiled" line
     assert pack_lines(logs[0], "compiled WanAttentionBlock") or \
@@ -58,15 +59,30 @@ def _check(rows, logs):
         assert err < 1e-3, (s, rows)
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory, tiny_wan_path):
-    """One server for the module, with ComfyUI-GGUF, the tiny WAN (and its GGUF) and a LoRA."""
-    h = ComfyHost(tmp_path_factory.mktemp("lora_strength") / "server", models=[tiny_wan_path])
+def _server(base, tiny_wan_path, env=None):
+    """A server with ComfyUI-GGUF, the tiny WAN (and its GGUF) and a LoRA."""
+    h = ComfyHost(base, models=[tiny_wan_path], env=env)
     h.wan0 = tiny_wan_path.name
     h.lora = h.add_lora(make_tiny_wan_lora(num_layers=2, dim=256))
     if (GGUF_PACK / "nodes.py").is_file():
         ComfyHost._link(GGUF_PACK, h.base_dir / "custom_nodes" / "ComfyUI-GGUF")
-    with h:
+    return h
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory, tiny_wan_path):
+    """One server for the module's tests of the regional graphs."""
+    with _server(tmp_path_factory.mktemp("lora_strength") / "server", tiny_wan_path) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def stage_host(tmp_path_factory, tiny_wan_path):
+    """One for the whole-graph stage's, forced on (``TORCH_COMPILE_SPEED_WHOLE_GRAPH=1``): kept
+    without its timed trial, whose verdict on this model could go either way (it has tests of
+    its own), so its one graph takes every call once ready."""
+    with _server(tmp_path_factory.mktemp("lora_strength_stage") / "server", tiny_wan_path,
+                 env={"TORCH_COMPILE_SPEED_WHOLE_GRAPH": "1"}) as h:
         yield h
 
 
@@ -163,8 +179,8 @@ def _stage_sweep(h, eager_prompt, compiled_prompt):
     return log
 
 
-def test_lora_strength_with_the_whole_graph_stage_under_forced_partial_loading(host):
-    h = host
+def test_lora_strength_with_the_whole_graph_stage_under_forced_partial_loading(stage_host):
+    h = stage_host
     log = _stage_sweep(
         h, lambda s: model_prompt(h, lora=s, lowvram_mb=3.0, prefix=f"wge{s}"),
         lambda s, q: model_prompt(h, compile_settings=STAGE, lora=s, where="after", lowvram_mb=3.0,
@@ -172,8 +188,8 @@ def test_lora_strength_with_the_whole_graph_stage_under_forced_partial_loading(h
     _assert_lora_in_weight_functions(log)
 
 
-def test_lora_strength_with_the_whole_graph_stage_on_a_gguf_model(host):
-    h = host
+def test_lora_strength_with_the_whole_graph_stage_on_a_gguf_model(stage_host):
+    h = stage_host
     name = _gguf_model(h)
     _stage_sweep(
         h, lambda s: with_lora(gguf_prompt(name, apply=False, prefix=f"gwe{s}"), h.lora, s),

@@ -103,12 +103,16 @@ def test_the_stage_is_on_only_when_asked(monkeypatch, wan, value, on, pack_log):
     assert engine.prepare(wan.Model(n_blocks=2), settings(compile_transformer_blocks_only=False)).whole is None
 
 
-@pytest.mark.parametrize("node, env, on", [(True, "", True), (True, "0", False), (False, "1", True),
-                                            (True, "now-and-then", True)])
-def test_the_settings_node_turns_it_on_and_the_operators_variable_overrides_it(monkeypatch, wan, node, env, on,
+@pytest.mark.parametrize("node, env, how", [(True, "", "timed"), (True, "0", ""), (False, "1", "forced"),
+                                             (True, "1", "forced"), (True, "now-and-then", "timed")])
+def test_the_settings_node_turns_it_on_and_the_operators_variable_overrides_it(monkeypatch, wan, node, env, how,
                                                                                pack_log):
+    """The node's option gets a timed stage (``stage_trial``); the operator's "1" a stage kept
+    without the trial."""
     monkeypatch.setenv(whole_graph.ENV, env)
-    assert (engine.prepare(wan.Model(n_blocks=2), settings(whole_graph=node)).whole is not None) is on
+    stage = engine.prepare(wan.Model(n_blocks=2), settings(whole_graph=node)).whole
+    assert (stage is not None) is bool(how)
+    assert stage is None or (stage.trial is not None) is (how == "timed")
     # (a bad value is warned once per value and process: other tests use others)
     assert any(whole_graph.ENV in w for w in pack_log.warnings()) is (env == "now-and-then")
 

@@ -115,13 +115,17 @@ function plural(n, word) {
   return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
 
-/** The experimental whole-graph stage's line (the settings node's whole_graph), or null. */
+/** The whole-graph stage's line (the settings node's whole_graph), or null. */
 function wholeGraphLine(stage) {
   if (!stage || typeof stage !== "object") return null;
   const calls = (stage.taken ?? 0) + (stage.regional_calls ?? 0);
+  const ratio = stage.trial && typeof stage.trial.ratio === "number" ? stage.trial.ratio.toFixed(2) : null;
   switch (stage.state) {
     case "queued": return "whole graph: compiles when the server is idle";
-    case "ready": return `whole graph: ran ${stage.taken ?? 0} of ${plural(calls, "call")}`;
+    case "ready":
+      if (stage.timing) return "whole graph: timing it against the regional graphs";
+      return `whole graph: ran ${stage.taken ?? 0} of ${plural(calls, "call")}` + (ratio ? ` (${ratio}× the regional time)` : "");
+    case "slower": return `whole graph: off, slower than the regional graphs here (${ratio ?? "?"}×)`;
     case "failed": return "whole graph: off, regional graphs run (see the log)";
     default: return null;
   }
