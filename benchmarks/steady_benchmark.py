@@ -35,12 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from background_benchmark import in_scratch, prompt as timed_prompt, steps_of, write_out  # noqa: E402
 from run_benchmarks import Run, machine_info  # noqa: E402
-from harness import ComfyHost, make_tiny_wan, rel_l2  # noqa: E402
+from harness import NODE_DEFAULTS, ComfyHost, make_tiny_wan, rel_l2  # noqa: E402
 
 TARGET = 1.05
 VARIANTS = ("eager", "core", "ours", "ours-regional", "ours-default", "ours-static", "ours-whole")
 NO_STAGE = {"whole_graph": False}
-SETTINGS = {"ours": {"mode": "speed"}, "ours-regional": {"mode": "speed", **NO_STAGE},
+SETTINGS = {"ours": NODE_DEFAULTS, "ours-regional": {**NODE_DEFAULTS, **NO_STAGE},
             "ours-default": {"mode": "default", **NO_STAGE},
             "ours-static": {"mode": "speed", "shape_policy": "static", **NO_STAGE},
             "ours-whole": {"mode": "speed", "compile_transformer_blocks_only": False}}
@@ -101,7 +101,7 @@ def _until_stage(host, variant, model, steps, timeout: float = 900) -> int:
 
 def trial_verdict(host) -> str:
     """The log line of the stage's trial verdict, or ''."""
-    return next((line.strip() for line in host.log_text().splitlines()
+    return next((line.split("[TorchCompileSpeed]", 1)[-1].strip() for line in host.log_text().splitlines()
                  if TRIAL_KEPT in line or TRIAL_DROPPED in line), "")
 
 
