@@ -105,3 +105,22 @@ def test_a_whole_graph_slower_than_the_regional_graphs_is_let_go(monkeypatch, wa
     assert stage.taken == taken and graph_count() == g
     assert any("the whole graph is slower here, so it is let go" in i for i in pack_log.infos())
     assert not pack_log.warnings()
+
+
+def test_a_regional_turn_that_compiles_is_not_timed(monkeypatch, wan, wan_inputs):
+    """A regional call that compiled (here: a new size under static shapes) took the compile's
+    time, not a step's: the trial leaves it out and times the next regional call instead."""
+    monkeypatch.delenv(whole_graph.ENV, raising=False)
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    cm = engine.prepare(model, settings(whole_graph=True, shape_policy="static"))
+    for _ in range(3):
+        run(cm, model, x, t)
+    assert cm.whole.job.done.wait(60) and background.wait_idle(60)
+    run(cm, model, x, t)  # the whole graph's first call (not timed)
+    x2, t2 = wan_inputs(tokens=10)
+    graphs = cm.entry.graphs
+    torch.testing.assert_close(run(cm, model, x2, t2), eager(model, x2, t2))  # a regional turn: compiles
+    assert cm.entry.graphs == graphs + 1 and cm.whole.trial.regional == []
+    run(cm, model, x, t)  # still the regional graphs' turn
+    assert len(cm.whole.trial.regional) == 1 and cm.whole.trial.whole == []
