@@ -70,9 +70,10 @@ def main() -> int:
     print(f"{'eager, first run (model load)':<44}{eager[0][0]:>9.2f}")
     print(f"{'eager, steady':<44}{e_steady:>9.3f}")
     print(f"{'Apply Torch Compile, first run (cold compile)':<44}{compiled[0][0]:>9.2f}")
-    print(f"{'Apply Torch Compile, steady (regional)':<44}{c_regional:>9.3f}")
-    if staged:
-        print(f"{'Apply Torch Compile, steady (whole graph)':<44}{c_steady:>9.3f}")
+    # (the runs right after the first compile come while the whole-graph stage compiles in the
+    # background on the same cores: the server is idle between them)
+    print(f"{'compiled, during the whole-graph compile':<44}{c_regional:>9.3f}")
+    print(f"{'Apply Torch Compile, steady':<44}{c_steady:>9.3f}")
     print(f"{'compiled, new size 160x96x9 (no recompile)':<44}{new_size:>9.2f}")
     print(f"{'compiled, first run after a server restart':<44}{restart:>9.2f}")
     print(f"steady compiled/eager: {c_steady / e_steady:.2f}x   "
@@ -91,7 +92,7 @@ def main() -> int:
         import torch
 
         timings = {"eager_first_s": eager[0][0], "eager_steady_s": e_steady, "cold_s": compiled[0][0],
-                   "compiled_steady_s": c_steady, "regional_steady_s": c_regional, "new_size_s": new_size,
+                   "compiled_steady_s": c_steady, "during_stage_compile_s": c_regional, "new_size_s": new_size,
                    "restart_s": restart}
         result = {"torch": torch.__version__, "host": HOST_VERSION, "ok": status == 0,
                   "problems": problems(log, err, saved), "rel_l2": err,
