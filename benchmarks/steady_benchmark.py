@@ -83,14 +83,9 @@ def warm(host, variant, model, steps) -> int:
 def _until_stage(host, variant, model, steps, timeout: float = 900) -> int:
     """For a variant with the whole-graph stage: wait until it compiled, then prompts until its
     trial has decided, and one more; the prompts it ran."""
-    import time
     if variant not in STAGED:
         return 0
-    deadline = time.monotonic() + timeout
-    while STAGE_DONE not in host.log_text() and time.monotonic() < deadline:
-        time.sleep(1)
-    if STAGE_DONE not in host.log_text():
-        raise RuntimeError(f"{variant}: the whole-graph stage did not compile in {timeout} s")
+    host.wait_for_log(STAGE_DONE, timeout=timeout)
     for i in range(4):
         run_once(host, variant, model, steps, f"w-stage{i}")
         if trial_verdict(host):

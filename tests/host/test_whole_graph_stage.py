@@ -26,17 +26,13 @@ def _prompt(tiny_wan, prefix, **kw):
     return wan_t2v_prompt(tiny_wan, compile_settings=SETTINGS, steps=STEPS, prefix=prefix, **kw)
 
 
-def _wait_for(host, needle, since, timeout=300):
-    return host.wait_for_log(needle, since, timeout)
-
-
 def test_the_whole_graph_compiles_when_idle_and_runs_the_next_prompt(host, tiny_wan):
     offset = host.log_offset()
     first = host.run(_prompt(tiny_wan, "regional"))
     status = host.probe(first)["pack_status"]["whole_graph"]
     assert status["state"] == "queued" and status["taken"] == 0, status
     assert len(pack_lines(host.log_text(since=offset), "its regional compile has settled")) == 1
-    _wait_for(host, "as one graph in the background: 1 graph(s)", offset)
+    host.wait_for_log("as one graph in the background: 1 graph(s)", offset)
     eager_run = host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS, prefix="eager"))
 
     hist = host.run(_prompt(tiny_wan, "whole"))
@@ -76,7 +72,7 @@ def test_a_prompt_during_its_compile_neither_waits_for_it_nor_compiles(tmp_path,
         offset = host.log_offset()
         first = host.probe(host.run(wan_t2v_prompt(tiny_wan, compile_settings=slow, steps=STEPS,
                                                    prefix="first")))["pack_status"]
-        _wait_for(host, "the server is idle: compiling", offset)
+        host.wait_for_log("the server is idle: compiling", offset)
         changed = {**slow, "dynamo_recompile_limit": 16}  # the Apply node runs again
         hist = host.run(wan_t2v_prompt(tiny_wan, compile_settings=changed, steps=STEPS, prefix="during"))
         during = host.log_text(since=offset)
@@ -87,7 +83,7 @@ def test_a_prompt_during_its_compile_neither_waits_for_it_nor_compiles(tmp_path,
         assert status["graphs"] == first["graphs"]  # and none compiled on the sampling thread
         said = pack_lines(during, "compiles in the background (")
         assert len(said) == 1 and "runs its compiled graphs while" in said[0], said
-        _wait_for(host, "as one graph in the background: 1 graph(s)", offset)
+        host.wait_for_log("as one graph in the background: 1 graph(s)", offset)
         eager = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS, prefix="eager")))
         assert rel_l2(host.latent(hist), eager) < 1e-3
 
@@ -131,7 +127,7 @@ def test_the_node_defaults_time_the_whole_graph_and_follow_the_verdict(tmp_path,
         eager = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=STEPS, prefix="eager")))
         prompt = lambda prefix: wan_t2v_prompt(tiny_wan, compile_settings=NODE_DEFAULTS, steps=STEPS, prefix=prefix)
         host.run(prompt("regional"))
-        _wait_for(host, "as one graph in the background: 1 graph(s)", offset, timeout=600)
+        host.wait_for_log("as one graph in the background: 1 graph(s)", offset, timeout=600)
         stages = []
         for i in range(4):  # the trial: 1 + 2 x 5 calls, 4 per prompt
             hist = host.run(prompt(f"trial{i}"))
