@@ -16,6 +16,7 @@ from ..compile_core import background, log, warmup
 from ..compile_core.regions import family_of
 from ..compile_core.status import status_payload
 from . import weight_routing
+from .dynamic_vram import compile_clone
 
 WRAPPER_KEY = "torch_compile_speed"
 STATUS_EVENT = "torch_compile_speed.status"  # web/js listens for it (the node badge)
@@ -30,42 +31,6 @@ def load_device(model_patcher):
     return model_patcher.load_device
 
 
-def _is_dynamic(model_patcher) -> bool:
-    """True for ComfyUI's dynamic-VRAM patcher (``ModelPatcherDynamic``, 0.33+ on a GPU).
-    Feature-detected: older ComfyUI (0.3.75) has no ``is_dynamic``."""
-    is_dynamic = getattr(model_patcher, "is_dynamic", None)
-    return bool(is_dynamic()) if callable(is_dynamic) else False
-
-
-def _compile_clone(model_patcher):
-    """The clone that gets the compile wrapper.
-
-    Under dynamic VRAM, every comfy op fetches its weight through comfy-aimdo at each call
-    (``comfy/ops.py`` ``cast_modules_with_vbar``: ctypes calls that torch.compile cannot trace,
-    so each layer splits the compiled graph), and LoRA is applied at op time. So the clone is
-    made non-dynamic, as core's TorchCompileModel does (``clone(disable_dynamic=True)``: ComfyUI
-    reloads the model from its loader's file without dynamic VRAM). The input patcher is not
-    touched (``get_non_dynamic_delegate`` would cache the reload on it). If the model cannot be
-    reloaded (a loader without ``cached_patcher_init``), the clone stays dynamic, with a warning.
-    Plain patchers, and ComfyUI without dynamic VRAM, get a plain ``clone()``."""
-    if not _is_dynamic(model_patcher):
-        return model_patcher.clone()
-    name = type(getattr(model_patcher, "model", None)).__name__
-    try:
-        clone = model_patcher.clone(disable_dynamic=True)
-    except Exception as exc:  # noqa: BLE001 - e.g. RuntimeError: no cached_patcher_init
-        log.warning("dynamic VRAM stays on for the compiled %s: it could not be reloaded without "
-                    "it (%s: %s). torch.compile then splits its graphs at every weight fetch, "
-                    "which can be slower than eager. Fix: load it with a core loader, or start "
-                    "ComfyUI with --disable-dynamic-vram.", name, type(exc).__name__, exc)
-        return model_patcher.clone()
-    log.info("dynamic VRAM turned off for the compiled %s, as core's TorchCompileModel does: "
-             "under it every weight is fetched through comfy-aimdo at each op, which "
-             "torch.compile cannot trace. ComfyUI reloaded the model for this clone; the input "
-             "model and other branches keep dynamic VRAM.", name)
-    return clone
-
-
 def server_idle() -> bool:
     """No prompt running or queued on this ComfyUI server (a held background compile starts
     then, see ``compile_core.background``); True outside a server."""
@@ -76,7 +41,7 @@ def server_idle() -> bool:
 
 def with_compile_wrapper(model_patcher, compiled, node_id=None):
     background.set_idle_check(server_idle)
-    clone = _compile_clone(model_patcher)
+    clone = compile_clone(model_patcher)
     apply_model = patcher_extension.WrappersMP.APPLY_MODEL
     clone.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
     if clone.get_wrappers(apply_model, CORE_COMPILE_KEY):  # never compile twice

@@ -17,8 +17,8 @@ On ComfyUI without dynamic VRAM (0.3.75) the dynamic tests skip; the plain-model
 """
 import pytest
 
-from harness import (COMFY_DIR, HOST_VERSION, counters_delta, new_graphs, pack_lines, rel_l2,
-                     settings_inputs, wan_t2v_prompt)
+from harness import (COMFY_DIR, HOST_VERSION, counters_delta, fallback_lines, new_graphs, pack_lines,
+                     rel_l2, settings_inputs, wan_t2v_prompt)
 
 HAS_DYNAMIC_VRAM = "class ModelPatcherDynamic" in (COMFY_DIR / "comfy" / "model_patcher.py").read_text()
 needs_dynamic_vram = pytest.mark.skipif(
@@ -38,9 +38,9 @@ def host(comfy_host):
     return comfy_host
 
 
-def dynamic_loader(unet_name, reloadable=True):
+def dynamic_loader(unet_name, reloadable=True, gpu_dtypes=False):
     return {"class_type": "TCSTestDynamicVramLoader",
-            "inputs": {"unet_name": unet_name, "reloadable": reloadable}}
+            "inputs": {"unet_name": unet_name, "reloadable": reloadable, "gpu_dtypes": gpu_dtypes}}
 
 
 def info_node(model_ref, label, after=None):
@@ -103,6 +103,27 @@ def test_dynamic_model_gets_a_non_dynamic_compiled_clone_that_samples_like_eager
     assert "WAN21" in turned_off[0] and "TorchCompileModel" in turned_off[0]
     assert pack_lines(log, "compiled WanAttentionBlock x2")
     assert not pack_lines(log, STAYS_ON) and not pack_lines(log, "torch.compile failed"), log
+
+
+@needs_dynamic_vram
+def test_a_dynamic_model_loaded_as_on_a_gpu_gets_a_clone_in_the_model_dtype(host, tiny_wan):
+    """The loader decides as ComfyUI 0.33 does on an NVIDIA GPU (comfy-aimdo on, float16 weights,
+    no manual cast; the tiny checkpoint is float32). ComfyUI's non-dynamic reload leaves the lazily
+    loaded Linear weights in the file's float32, which failed the prompt with ``mat1 and mat2 must
+    have the same dtype`` on a GPU (core's TorchCompileModel too); the clone gets the model's dtype."""
+    eager = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, prefix="gpu_like_eager")))
+    offset = host.log_offset()
+    hist = host.run(wan_t2v_prompt(tiny_wan, compile_settings=FAST, prefix="gpu_like_compiled", extra_nodes={
+        "loader": dynamic_loader(tiny_wan, gpu_dtypes=True),
+        "info_out": info_node(("apply", 0), "compiled", after=("sampler", 0))}))
+    log = host.log_text(since=offset)
+    out = info(host, hist, "info_out")
+    assert (out["class"], out["is_dynamic"]) == ("ModelPatcher", False)
+    turned_off = pack_lines(log, TURNED_OFF)
+    assert len(turned_off) == 1 and "cast to the model's dtype" in turned_off[0], log
+    assert not fallback_lines(log) and not pack_lines(log, "torch.compile failed"), log
+    assert pack_lines(log, "compiled WanAttentionBlock x2"), log
+    assert rel_l2(host.latent(hist), eager) < 1e-2  # float16 against the float32 eager run
 
 
 @needs_dynamic_vram

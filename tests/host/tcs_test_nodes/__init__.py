@@ -21,6 +21,7 @@ the settings node's backend choices (it lists every registered backend):
 - ``tcs_test_unloadable_backend``: a FAKE entry-point backend whose import fails, like a broken
   third-party backend install (``torch.compile(backend=...)`` itself raises).
 """
+import contextlib
 import json
 import logging
 import math
@@ -436,6 +437,32 @@ def _patcher_digest(patcher):
     }
 
 
+@contextlib.contextmanager
+def _gpu_like_dtypes():
+    """TEST-ONLY: what ComfyUI 0.33 decides on an NVIDIA GPU with dynamic VRAM, on the CPU: comfy-aimdo
+    on (``comfy.ops`` then loads Linear weights lazily, in the file's dtype, recording the model's
+    dtype beside them) and a float16 model computed in float16 (no manual cast; on a CPU ComfyUI
+    would cast to float32 at every op). Only for the load it wraps: the globals are restored."""
+    import comfy.memory_management
+    import comfy.model_management as mm
+    saved = (comfy.memory_management.aimdo_enabled, mm.unet_dtype, mm.unet_manual_cast)
+    comfy.memory_management.aimdo_enabled = True
+    mm.unet_dtype = lambda *a, **k: torch.float16
+    mm.unet_manual_cast = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        comfy.memory_management.aimdo_enabled, mm.unet_dtype, mm.unet_manual_cast = saved
+
+
+def gpu_like_load_diffusion_model(unet_path, model_options=None, disable_dynamic=False):
+    """TEST-ONLY: ``comfy.sd.load_diffusion_model`` under ``_gpu_like_dtypes`` (also as the
+    patcher's ``cached_patcher_init``, so ``clone(disable_dynamic=True)`` reloads the same way)."""
+    import comfy.sd
+    with _gpu_like_dtypes():
+        return comfy.sd.load_diffusion_model(unet_path, model_options or {}, disable_dynamic=disable_dynamic)
+
+
 class TCSTestDynamicVramLoader:
     """TEST-ONLY: a UNETLoader whose MODEL is a real ``comfy.model_patcher.ModelPatcherDynamic``
     (ComfyUI 0.33+) on CPU, as a GPU server's UNETLoader returns it (there ``main.py`` sets
@@ -446,8 +473,9 @@ class TCSTestDynamicVramLoader:
     comfy-aimdo's library, see ``_load_aimdo_library``). The model is loaded by
     ``comfy.sd.load_diffusion_model`` (plain, on CPU), and ``cached_patcher_init`` is the one that
     loader sets, so ``clone(disable_dynamic=True)`` reloads the file as on a GPU;
-    ``reloadable=False`` drops it, like a custom loader that sets none. The patcher is meant to
-    be cloned, not sampled: ComfyUI never loads a dynamic patcher on a CPU device."""
+    ``reloadable=False`` drops it, like a custom loader that sets none. ``gpu_dtypes=True`` loads
+    (and reloads) as a GPU server does, see ``gpu_like_load_diffusion_model``. The patcher is meant
+    to be cloned, not sampled: ComfyUI never loads a dynamic patcher on a CPU device."""
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "load"
@@ -455,9 +483,10 @@ class TCSTestDynamicVramLoader:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"unet_name": ("STRING", {"default": ""}),
-                             "reloadable": ("BOOLEAN", {"default": True})}}
+                             "reloadable": ("BOOLEAN", {"default": True})},
+                "optional": {"gpu_dtypes": ("BOOLEAN", {"default": False})}}
 
-    def load(self, unet_name, reloadable):
+    def load(self, unet_name, reloadable, gpu_dtypes=False):
         import comfy.model_patcher
         import comfy.sd
         import folder_paths
@@ -466,10 +495,12 @@ class TCSTestDynamicVramLoader:
         if dynamic_cls is None:
             raise RuntimeError("this ComfyUI has no ModelPatcherDynamic (dynamic VRAM is 0.33+)")
         _load_aimdo_library()
-        plain = comfy.sd.load_diffusion_model(folder_paths.get_full_path_or_raise("diffusion_models", unet_name))
+        path = folder_paths.get_full_path_or_raise("diffusion_models", unet_name)
+        load = gpu_like_load_diffusion_model if gpu_dtypes else comfy.sd.load_diffusion_model
+        plain = load(path)
         patcher = object.__new__(dynamic_cls)
         patcher.__init__(plain.model, plain.load_device, plain.offload_device)
-        patcher.cached_patcher_init = plain.cached_patcher_init if reloadable else None
+        patcher.cached_patcher_init = (load, (path,)) if reloadable else None
         assert type(patcher) is dynamic_cls and patcher.is_dynamic()
         _LOAD_DIGESTS[id(patcher)] = _patcher_digest(patcher)
         return (patcher,)
