@@ -470,13 +470,13 @@ def capture_eager(modules: list[nn.Module], call: Callable[[], object],
 def settings_for(settings, device: torch.device):
     """On CUDA a background compile must not autotune next to the running model (autotuning
     allocates benchmark buffers in VRAM and times kernels on a GPU the model keeps busy):
-    ``mode`` becomes ``default`` and the speed preset's coordinate-descent tuning is off."""
+    ``mode`` becomes ``default``."""
     import dataclasses
     if not settings.background_compile or device.type != "cuda":
         return settings
-    if settings.mode == "default" and not settings.speed_preset:
+    if settings.mode == "default":
         return settings
     log.info_once("background-mode-default", "compiling in the background on %s: mode %s becomes "
                   "'default' (no autotuning next to the running model, no extra VRAM)",
                   device, settings.mode)
-    return dataclasses.replace(settings, mode="default", speed_preset=False)
+    return dataclasses.replace(settings, mode="default")

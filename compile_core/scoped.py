@@ -167,8 +167,6 @@ def knobs_for(settings, on_cuda: bool) -> dict[str, dict]:
                                           or settings.shape_policy == "auto"),
     }
     inductor: dict[str, object] = {}
-    if settings.speed_preset and on_cuda:
-        inductor["coordinate_descent_tuning"] = True
     if settings.experimental_ptx and on_cuda and settings.ptx_fast_math:
         inductor["use_fast_math"] = True
     return {"dynamo": dynamo, "inductor": inductor, "fx": shapes.fx_knobs(settings.shape_policy)}

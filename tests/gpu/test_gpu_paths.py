@@ -52,7 +52,7 @@ def kernel_sources(since: int) -> str:
 def test_node_defaults_compile_the_blocks_into_device_kernels(wan, wan_inputs, device, graph_count, pack_log):
     model, inputs, ref = model_and_inputs(wan, wan_inputs, device)
     cm = engine.prepare(model, node_defaults())
-    assert cm.settings.mode == "max-autotune-no-cudagraphs" and cm.settings.backend == "inductor"
+    assert cm.settings.mode == "default" and cm.settings.backend == "inductor"
     loaded, g0 = len(PyCodeCache.modules), graph_count()
     call(cm, model, device, *inputs)
     out = call(cm, model, device, *inputs)
@@ -91,7 +91,7 @@ def test_a_background_compile_on_the_gpu_swaps_in_without_autotuning(wan, wan_in
     g1 = graph_count()
     out = call(cm, model, device, *inputs)
     assert cm.swapped_at == 2 and cm.entry.graphs == 1 and graph_count() == g1
-    assert any("becomes 'default'" in m for m in pack_log.all_infos()), pack_log.all_infos()
+    assert cm.settings.mode == "default"  # the speed preset: nothing autotunes beside the model
     torch.testing.assert_close(first, ref)
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
     assert not pack_log.warnings()

@@ -489,8 +489,8 @@ SETTINGS_DEFAULTS = {
     "whole_graph": False,
 }
 
-# What a user gets: the settings node left at its defaults (``speed``: inductor,
-# max-autotune-no-cudagraphs; the whole-graph stage on). Tests that show a headline feature use
+# What a user gets: the settings node left at its defaults (``speed``: inductor, which Apply
+# compiles in mode default; the whole-graph stage on). Tests that show a headline feature use
 # this (test_foundation checks it against the node's own defaults).
 NODE_DEFAULTS = {"mode": "speed", "whole_graph": True}
 

@@ -187,7 +187,7 @@ def test_ptx_cache_dir_escaping_user_dir_is_refused(comfy_host, tiny_wan):
 
 @pytest.mark.slow
 def test_node_defaults_mode_speed_compile_without_fallback(comfy_host, tiny_wan, eager_ref):
-    """The Settings node's defaults (mode 'speed': inductor, max-autotune-no-cudagraphs,
+    """The Settings node's defaults (mode 'speed': inductor, compiled in mode default by Apply,
     dynamic) must really compile, not fall back to eager."""
     offset = comfy_host.log_offset()
     hist = comfy_host.run(wan_t2v_prompt(tiny_wan, compile_settings={"mode": "speed"}, prefix="speed"))

@@ -185,8 +185,7 @@ def test_torch_imports_set_the_inductor_cache_dir_before_any_compile(inductor_se
 LEAK_CASES = {
     "aot_eager": {"backend": "aot_eager"},
     "inductor": INDUCTOR,
-    # speed preset: inductor, max-autotune-no-cudagraphs, dynamic; on a GPU also
-    # coordinate-descent tuning. experimental_ptx + fast math: TRITON_CACHE_DIR and
+    # speed preset: inductor, mode default, dynamic. experimental_ptx + fast math: TRITON_CACHE_DIR and
     # use_fast_math on a GPU; here its CPU skip path runs.
     "speed+ptx": {"mode": "speed", "experimental_ptx": True, "ptx_fast_math": True, "warmup_runs": 2,
                   "ptx_cache_dir": "tcs_ptx_leak_test"},

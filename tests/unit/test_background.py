@@ -199,14 +199,13 @@ def test_a_job_error_is_kept_and_the_worker_goes_on():
     assert background.wait_idle(30) and not background.busy()
 
 
-@pytest.mark.parametrize("mode,preset,kept", [("max-autotune-no-cudagraphs", True, False),
-                                              ("default", False, True)])
-def test_cuda_background_compile_uses_mode_default(mode, preset, kept):
+@pytest.mark.parametrize("mode,kept", [("max-autotune-no-cudagraphs", False), ("max-autotune", False),
+                                       ("default", True)])
+def test_cuda_background_compile_uses_mode_default(mode, kept):
     s = settings(background_compile=True, backend="inductor", mode=mode)
-    s = type(s)(**{**s.__dict__, "speed_preset": preset})
     got = background.settings_for(s, torch.device("cuda"))
     assert (got is s) == kept
-    assert got.mode == "default" and not got.speed_preset
+    assert got.mode == "default"
     assert background.settings_for(s, CPU) is s
 
 

@@ -225,9 +225,18 @@ def test_from_args_round_trips_the_node_dict():
 
 
 def test_from_args_translates_a_raw_speed_mode():
+    """The pack's Apply compiles the speed preset in mode default (autotuning doubled the cold
+    compile on a GPU for no faster step)."""
     s = CompileSettings.from_args(wan_dict(mode="speed", backend="cudagraphs", dynamic=False))
-    assert (s.backend, s.mode, s.dynamic, s.speed_preset) == \
-        ("inductor", "max-autotune-no-cudagraphs", True, True)
+    assert (s.backend, s.mode, s.dynamic, s.speed_preset) == ("inductor", "default", True, True)
+
+
+def test_the_speed_preset_dict_compiles_in_mode_default_and_an_explicit_mode_is_kept():
+    preset = CompileSettings.from_args(build_compile_args(mode="speed"))
+    assert (preset.mode, preset.speed_preset) == ("default", True)
+    assert preset.artifact_key() == CompileSettings.from_args(build_compile_args(mode="default")).artifact_key()
+    chosen = CompileSettings.from_args(build_compile_args(mode="max-autotune-no-cudagraphs"))
+    assert (chosen.mode, chosen.speed_preset) == ("max-autotune-no-cudagraphs", False)
 
 
 def test_from_args_does_not_mutate_its_input():
@@ -326,11 +335,11 @@ def test_bad_declared_shapes_are_rejected_by_name(text):
 def test_artifact_key_tracks_what_changes_compiled_code():
     base = CompileSettings()
     same = CompileSettings(reuse_if_similar=False, warmup_runs=3, ptx_cache_dir="elsewhere",
-                           cache_size_limit=8, recompile_limit=9, dynamic=True)
+                           cache_size_limit=8, recompile_limit=9, dynamic=True, speed_preset=True)
     assert base.artifact_key() == same.artifact_key()
     for change in [dict(backend="aot_eager"), dict(mode="max-autotune"), dict(fullgraph=True),
                    dict(blocks_only=False),
-                   dict(force_parameter_static_shapes=True), dict(speed_preset=True),
+                   dict(force_parameter_static_shapes=True),
                    dict(experimental_ptx=True), dict(shape_policy="static")]:
         assert CompileSettings(**change).artifact_key() != base.artifact_key(), change
 
