@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Run ON THE DEVICE MACHINE (the library's `device` tool), from the repo root, with .gpu carried
-# (made here first by scripts/gpu_prepare.sh). One stage per call: a call may run 10 minutes.
-#   bash scripts/gpu_session.sh setup        wheels into .gpu/site; the GPU, torch, Triton, comfy-aimdo
-#   bash scripts/gpu_session.sh tests        tests/gpu (Triton kernels, PTX warm-up, background
-#                                            compile, dynamic VRAM on a ComfyUI 0.33 server)
+# The GPU checks, on a Linux machine with an NVIDIA GPU and Python 3.12 with CUDA torch and Triton,
+# from the repo root, with the .gpu bundle that scripts/gpu_prepare.sh builds (it needs no network):
+#   bash scripts/gpu_session.sh setup        the bundle's wheels into .gpu-run/site; prints the GPU,
+#                                            torch, Triton and comfy-aimdo it found
+#   bash scripts/gpu_session.sh check        the whole check in about 8 minutes (benchmarks/gpu_check.py):
+#                                            GPU tests, a ComfyUI 0.33 server with and without dynamic
+#                                            VRAM, the speed benchmark at the real size; writes
+#                                            gpu_check.json / .md (commit them to benchmarks/results)
+#   bash scripts/gpu_session.sh tests        tests/gpu alone
 #   bash scripts/gpu_session.sh bench-small  benchmarks/gpu_wan_bf16.py --small (33 frames 240x416)
 #   bash scripts/gpu_session.sh bench        benchmarks/gpu_wan_bf16.py (81 frames 480x832)
-# Every stage runs setup first if it has not run on this machine (a new machine starts bare).
-# Results go to $OUT (the device tool brings them back), or .gpu-run/out without it.
+# Every stage runs setup first if it has not run on this machine. Results go to $OUT, or
+# .gpu-run/out when OUT is unset.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
-OUT=${OUT:-.gpu-run/out}  # (.gpu-run: made here, never carried)
+OUT=${OUT:-.gpu-run/out}
 mkdir -p "$OUT"
 SITE="$PWD/.gpu-run/site"
 export PYTHONPATH="$SITE:$PWD/.gpu/kitchen${PYTHONPATH:+:$PYTHONPATH}"
@@ -54,10 +58,15 @@ case "$stage" in
     "$PY" -m pytest tests/gpu -v -rA -p no:cacheprovider --basetemp="$PWD/.gpu-run/pytest" \
       --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.txt"
     rc=${PIPESTATUS[0]} ;;
+  check)
+    "$PY" benchmarks/gpu_check.py --out-dir "$OUT" "${@:2}" 2>&1 | tee "$OUT/check.txt"
+    rc=${PIPESTATUS[0]}
+    # the logs as one file beside the results
+    tar czf "$OUT/gpu_check_logs.tar.gz" -C "$OUT" gpu_check_logs && rm -rf "$OUT/gpu_check_logs" ;;
   bench-small|bench)
     flag=(); [ "$stage" = bench-small ] && flag=(--small)
     "$PY" benchmarks/gpu_wan_bf16.py "${flag[@]}" --out "$OUT/gpu_results${flag:+_small}" 2>&1 | tee "$OUT/$stage.txt"
     rc=${PIPESTATUS[0]} ;;
-  *) echo "[gpu] unknown stage: $stage (setup, tests, bench-small, bench)" >&2; rc=2 ;;
+  *) echo "[gpu] unknown stage: $stage (setup, check, tests, bench-small, bench)" >&2; rc=2 ;;
 esac
 exit $rc

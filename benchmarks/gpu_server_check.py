@@ -1,0 +1,106 @@
+"""A ComfyUI 0.33 server on the GPU, once with dynamic VRAM (its default on NVIDIA) and once with
+``--disable-dynamic-vram``, each running the same tiny WAN text-to-video prompt three ways:
+eager, core's ``TorchCompileModel``, and Apply Torch Compile with the settings node's defaults.
+
+For each memory path it records whether each prompt completed (and the error where not), the
+seconds each took, whether the pack compiled (its log says so, and no eager fallback line), and
+the relative L2 distance of the compiled latents to eager's. Both servers run side by side.
+
+    python benchmarks/gpu_server_check.py --out results.json [--device cpu]
+
+``--device cpu`` runs the same prompts on ``--cpu`` servers (no dynamic VRAM there), to check
+the script itself on a machine without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "tests" / "host"))
+from harness import (NODE_DEFAULTS, ComfyHost, PromptError, fallback_lines, make_tiny_wan,  # noqa: E402
+                     pack_lines, rel_l2, wan_t2v_prompt)
+
+MEMORY_PATHS = {"dynamic_vram": [], "no_dynamic_vram": ["--disable-dynamic-vram"]}
+DYNAMIC_VRAM_ON = "DynamicVRAM support detected and enabled"  # ComfyUI's start-up line
+COMPILED = "compiled WanAttentionBlock"
+
+
+def core_prompt(model_name: str) -> dict:
+    """The eager prompt with core's TorchCompileModel between the loader and the sampler."""
+    p = wan_t2v_prompt(model_name, apply=False, prefix="core")
+    p["core"] = {"class_type": "TorchCompileModel", "inputs": {"model": ["loader", 0], "backend": "inductor"}}
+    p["sampler"]["inputs"]["model"] = ["core", 0]
+    p["probe"]["inputs"]["model"] = ["core", 0]
+    return p
+
+
+def timed_run(host: ComfyHost, prompt: dict, timeout: float) -> dict:
+    start = time.perf_counter()
+    try:
+        hist = host.run(prompt, timeout=timeout)
+    except (PromptError, TimeoutError) as exc:
+        return {"ok": False, "seconds": round(time.perf_counter() - start, 2), "error": str(exc)[-1500:]}
+    return {"ok": True, "seconds": round(time.perf_counter() - start, 2), "history": hist}
+
+
+def check_path(base: Path, model: Path, extra_args: list, cpu: bool, timeout: float) -> dict:
+    """One server: eager, core, the node's defaults."""
+    out: dict = {}
+    with ComfyHost(base, cpu=cpu, extra_args=extra_args) as host:
+        name = host.add_model(model)
+        out["dynamic_vram_enabled"] = DYNAMIC_VRAM_ON in host.log_text()
+        eager = timed_run(host, wan_t2v_prompt(name, apply=False, prefix="eager"), timeout)
+        core = timed_run(host, core_prompt(name), timeout)
+        offset = host.log_offset()
+        defaults = timed_run(host, wan_t2v_prompt(name, compile_settings=NODE_DEFAULTS,
+                                                  prefix="defaults"), timeout)
+        log = host.log_text(since=offset)
+        reference = host.latent(eager["history"]) if eager["ok"] else None
+        for name, run in (("eager", eager), ("core", core), ("defaults", defaults)):
+            out[f"{name}_ok"] = run["ok"]
+            out[f"{name}_s"] = run["seconds"]
+            if not run["ok"]:
+                out[f"{name}_error"] = run["error"]
+            elif reference is not None and name != "eager":
+                out[f"{name}_rel_l2"] = rel_l2(host.latent(run["history"]), reference)
+        out["defaults_compiled"] = bool(defaults["ok"] and pack_lines(log, COMPILED) and not fallback_lines(log))
+        out["pack_lines"] = pack_lines(log)[:20]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per prompt")
+    args = ap.parse_args()
+    cpu = args.device == "cpu"
+    base = Path(tempfile.mkdtemp(prefix="tcs_gpu_server_"))
+    model = make_tiny_wan()
+    results: dict = {}
+
+    def run(name, extra):
+        try:
+            results[name] = check_path(base / name, model, extra, cpu, args.timeout)
+        except Exception as exc:  # noqa: BLE001 - a server that did not start is a result too
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+    threads = [threading.Thread(target=run, args=item) for item in MEMORY_PATHS.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "pack_lines"} for k, v in results.items()},
+                     indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
