@@ -46,7 +46,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import log, switches
+from . import log, source_check, switches
 from .persist import write_atomic
 from .saved_guards import (GlobalChecks, LocalChecks, NotSaveable, ValuePickler, bind_subclasses,
                            guard_checker, keep_guard, subclass_globals)
@@ -94,6 +94,7 @@ class _Region:
     fn: Callable                 # torch's AOTCompiledFunction
     checks: GlobalChecks
     locals: LocalChecks
+    sources: list = dataclasses.field(default_factory=list)  # source_check.Source of its trace
     ran: bool = False            # called once in this process (inside the run's scope)
     guards: Callable | None = None  # torch's saved guards as check(module, args, kwargs), see
     # ``_first_check``; None: not yet decided
@@ -163,15 +164,21 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, compile_kwargs: dict) 
     if unchecked:
         raise NotSaveable(f"it relies on {sorted(unchecked)[0]}, which torch cannot save "
                           "and the pack does not check")
+    sources = source_check.recorded(fn)
+    if sources is None:
+        raise NotSaveable(f"torch {torch.__version__} records no sources with it, so a later "
+                          "process could not tell whether the model's code changed")
     return _Region(fn, GlobalChecks.capture(sorted(dropped), fn.fn.__globals__),
-                   LocalChecks.capture(sorted(local_fns), module, args, kwargs))
+                   LocalChecks.capture(sorted(local_fns), module, args, kwargs), sources=sources)
 
 
 def save(region: _Region, path: Path, key: str) -> None:
-    """``<key>.bin`` (torch's bytes) and ``<key>.json`` (our checks), each written atomically."""
+    """``<key>.bin`` (torch's bytes) and ``<key>.json`` (our checks, the sources it was traced
+    from, and the digest of the ``.bin`` it belongs to), each written atomically."""
     path.mkdir(parents=True, exist_ok=True)
     data = type(region.fn).serialize(region.fn).serialized_data
-    meta = {"region": key, "torch": torch.__version__, "globals": region.checks.names,
+    meta = {"region": key, "torch": torch.__version__, "bin_sha256": hashlib.sha256(data).hexdigest(),
+            "sources": region.sources, "globals": region.checks.names,
             "described": region.checks.described, "locals": region.locals.names,
             "locals_described": region.locals.described,
             "subclasses": subclass_globals(region.fn.fn, region.checks.names)}
@@ -188,6 +195,15 @@ def load(path: Path, key: str) -> tuple[_Region | None, str]:
         return None, ""
     if not isinstance(meta, dict) or meta.get("region") != key or meta.get("torch") != torch.__version__:
         return None, "it was saved for another region or torch"
+    if meta.get("bin_sha256") != hashlib.sha256(data).hexdigest():
+        return None, "its .bin is not the one its .json was written for"
+    sources = meta.get("sources")
+    if not isinstance(sources, list) or not all(_is_source(s) for s in sources):
+        return None, "it names no sources to check it against"
+    sources = [tuple(s) for s in sources]
+    changed = source_check.changed(sources)
+    if changed:
+        return None, f"the model's code changed since it was traced ({changed}): tracing it afresh"
     try:
         subclasses = bind_subclasses(meta.get("subclasses") or {})
     except Exception as exc:  # noqa: BLE001 - ComfyUI-GGUF not loaded, say
@@ -202,7 +218,12 @@ def load(path: Path, key: str) -> tuple[_Region | None, str]:
     if problem:
         return None, f"{problem}, so it was traced for other code"
     local = LocalChecks(list(meta.get("locals", [])), list(meta.get("locals_described", [])))
-    return _Region(fn, checks, local), ""
+    return _Region(fn, checks, local, sources=sources), ""
+
+
+def _is_source(item) -> bool:
+    return (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
+            and isinstance(item[1], int) and isinstance(item[2], int) and isinstance(item[3], str))
 
 
 def _unmarked(values) -> tuple:

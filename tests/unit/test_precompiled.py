@@ -7,6 +7,7 @@ The cross-process tests run real inductor compiles of a small module-level block
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = textwrap.dedent("""
     import json, logging, sys
     logging.basicConfig(level=logging.INFO)
-    sys.path[:0] = [{root!r}, {tests!r}]
+    sys.path[:0] = [{models!r}, {root!r}, {tests!r}]
     import torch
     from torch._dynamo.utils import counters
     import tcs_precompiled_model as tiny
@@ -61,9 +62,12 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _child(cache: Path, mode: str = "speed", grad_blocks: int = 0, override: str = "") -> dict:
+def _child(cache: Path, mode: str = "speed", grad_blocks: int = 0, override: str = "",
+           models: Path | None = None) -> dict:
+    """One process on ``cache``; ``models``: a folder whose copy of ``tcs_precompiled_model``
+    it imports instead of the tests' own."""
     code = CHILD.format(root=str(ROOT), tests=str(ROOT / "tests" / "unit"), cache=str(cache), mode=mode,
-                        grad_blocks=grad_blocks, override=override)
+                        grad_blocks=grad_blocks, override=override, models=str(models or ROOT / "tests" / "unit"))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
@@ -75,7 +79,47 @@ def _saved(cache: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["speed", "default"])  # the settings node's default first
+def test_a_region_saved_before_its_blocks_code_changed_is_traced_afresh(tmp_path):
+    """What a ComfyUI update does to a model file between two server runs on one cache: the
+    saved region must not run the old code (it gave 0.35 rel L2 from eager when it did)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    source = Path(tiny.__file__).read_text()
+    changed = source.replace("return x + self.ffn(x)", "return x + 2 * self.ffn(x)")
+    assert changed != source
+    (models / "tcs_precompiled_model.py").write_text(source)
+    cache = tmp_path / "cache"
+    first = _child(cache, models=models)
+    assert first["captured"] == 1 and max(first["rel"]) < 1e-5, first
+    (models / "tcs_precompiled_model.py").write_text(changed)
+    second = _child(cache, models=models)
+    # (rel: against the changed code's eager output, in the same process)
+    assert second["loaded"] == 0 and second["captured"] == 1 and max(second["rel"]) < 1e-5, second
+    said = [ln for ln in second["log"].splitlines() if "the model's code changed since it was traced" in ln]
+    assert len(said) == 1 and "tcs_precompiled_model lines" in said[0], second["log"]
+    third = _child(cache, models=models)  # the changed code's own region loads from now on
+    assert third["loaded"] == 1 and third["traced"] == 0 and max(third["rel"]) < 1e-5, third
+
+
+def test_a_saved_regions_bin_and_json_are_bound_by_digest(tmp_path):
+    """A .bin from another save beside a .json (two writers, a partial copy) is not loaded."""
+    model = tiny.build()
+    x, t = tiny.inputs(1, 6)
+    block = model.blocks[0]
+    e = model.time(t[:, None])[:, None, :]
+    h = model.embed(x)
+    with torch.no_grad():
+        region = precompiled.capture(block, (h, e), {"transformer_options": {}}, {"backend": "inductor"})
+    precompiled.save(region, tmp_path, "a")
+    assert precompiled.load(tmp_path, "a")[0] is not None
+    data = (tmp_path / "a.bin").read_bytes()
+    (tmp_path / "a.bin").write_bytes(data + b"\0")
+    back, why = precompiled.load(tmp_path, "a")
+    assert back is None and "not the one its .json was written for" in why
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["speed"])  # the settings node's default
 def test_a_second_process_loads_the_region_without_tracing(tmp_path, mode):
     cache = tmp_path / "cache"
     first = _child(cache, mode)
@@ -94,7 +138,7 @@ def test_a_second_process_loads_the_region_without_tracing(tmp_path, mode):
     _saved(cache)[0].write_bytes(b"not torch's bytes")
     third = _child(cache, mode)
     assert third["captured"] == 1 and third["loaded"] == 0 and max(third["rel"]) < 1e-5, third
-    assert "torch could not load it" in third["log"]
+    assert "its .bin is not the one its .json was written for" in third["log"]
     assert _child(cache, mode)["loaded"] == 1  # and the fresh copy loads
 
 
@@ -418,8 +462,7 @@ def test_a_sampling_run_keys_the_regions_at_its_first_model_call_only():
     """``CompiledModel.sampling_run`` (the bridge's sampling wrapper): ComfyUI replaces modules
     when it loads the model, before a run's first call, so the keys are made then; outside a
     run every call makes them."""
-    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default",
-                                                            whole_graph=False))  # (no stage: the keying alone)
+    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default"))
     model, x = tiny.build(), torch.randn(2, 4, 8)
     cm = engine.prepare(model, settings, engine.ReuseRegistry())
     cm.entry.compiled, cm.entry.graphs = nn.Module._call_impl, 1  # the keying is tested, not a compile
@@ -516,6 +559,13 @@ def test_load_refuses_another_torch_or_region_and_never_raises(tmp_path):
     region, why = precompiled.load(d, "Block-0")
     assert region is None and "another region or torch" in why
     (d / "Block-0.json").write_text(json.dumps({"region": "Block-0", "torch": torch.__version__}))
+    region, why = precompiled.load(d, "Block-0")
+    assert region is None and "not the one its .json was written for" in why
+    bound = {"region": "Block-0", "torch": torch.__version__, "bin_sha256": hashlib.sha256(b"x").hexdigest()}
+    (d / "Block-0.json").write_text(json.dumps(bound))
+    region, why = precompiled.load(d, "Block-0")
+    assert region is None and "names no sources" in why
+    (d / "Block-0.json").write_text(json.dumps({**bound, "sources": []}))
     region, why = precompiled.load(d, "Block-0")
     assert region is None and "torch could not load it" in why
     (d / "Block-0.json").write_text("{not json")
