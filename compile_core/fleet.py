@@ -19,7 +19,9 @@ can write to the store could run code on every worker. With ``TORCH_COMPILE_SPEE
 set (the same secret on every worker), each published entry and the prewarm manifest is signed
 with HMAC-SHA256 over its sealed bytes, and a worker loads only entries whose HMAC verifies with
 its key (constant-time compare); anything else is refused with one warning and compiled locally.
-Without the key, entries are trusted as before (the store itself must then be trusted).
+Without the key, entries are trusted unsigned (the store itself must then be trusted), which a
+worker says once; ``TORCH_COMPILE_SPEED_SHARED_REQUIRE_SIGNED=1`` makes a worker without the key
+not use the store at all. The store's URL is never logged with its user or password.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from . import log, longpaths
+from . import log, longpaths, switches
 from .persist import write_atomic
 from .preflight import compiler_banner
 
@@ -46,6 +48,7 @@ MAX_MB_ENV = "TORCH_COMPILE_SPEED_SHARED_MAX_MB"
 TTL_ENV = "TORCH_COMPILE_SPEED_SHARED_TTL_S"
 TIMEOUT_ENV = "TORCH_COMPILE_SPEED_SHARED_TIMEOUT_S"
 KEY_ENV = "TORCH_COMPILE_SPEED_SHARED_KEY"  # operator secret: sign and verify entries (HMAC)
+REQUIRE_SIGNED_ENV = "TORCH_COMPILE_SPEED_SHARED_REQUIRE_SIGNED"  # operator: no key, no store
 DEFAULT_MAX_MB, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S = 2048.0, 3.0, 7 * 24 * 3600
 MAGIC = b"TCSFLEET1\n"
 SIGNED_MAGIC = b"TCSFLEET1-HMAC-SHA256\n"  # then the hex HMAC, a newline, and a sealed entry
@@ -265,7 +268,7 @@ class RedisStore:
                                            retry=Retry(NoBackoff(), 0))
 
     def describe(self) -> str:
-        return f"redis {self.url}"
+        return f"redis {log.redact(self.url)}"
 
     def get(self, key: str) -> bytes | None:
         return self.client.get(KEY_PREFIX + key)
@@ -296,6 +299,12 @@ class Fleet:
         if secret is _FROM_ENV:
             secret = key_from_env()
         self.secret = secret.encode() if isinstance(secret, str) else (secret or None)
+        if self.secret is None:
+            log.warn_once("fleet-unsigned", "shared cache %s: %s is not set, so its entries (pickles "
+                          "and native kernels that torch loads) are trusted unsigned: anyone who can "
+                          "write to it can run code on this worker. Set the same key on every worker "
+                          "to sign and verify them, and %s=1 to refuse unsigned ones.",
+                          store.describe(), KEY_ENV, REQUIRE_SIGNED_ENV)
 
     @classmethod
     def from_env(cls) -> "Fleet | None":
@@ -309,6 +318,11 @@ class Fleet:
         except Exception as exc:  # noqa: BLE001 - e.g. redis package missing
             log.warn_once("fleet-config", "shared cache %s unusable (%s); compiling locally",
                           os.environ.get(STORE_ENV), exc)
+            return None
+        if store and key_from_env() is None and switches.switch(REQUIRE_SIGNED_ENV, False):
+            log.warn_once("fleet-require-signed", "shared cache %s not used: %s=1 requires signed "
+                          "entries and %s is not set on this worker; compiling locally",
+                          store.describe(), REQUIRE_SIGNED_ENV, KEY_ENV)
             return None
         return cls(store) if store else None
 

@@ -1,7 +1,9 @@
-"""The pack's logger: every line carries the ``[TorchCompileSpeed]`` prefix."""
+"""The pack's logger: every line carries the ``[TorchCompileSpeed]`` prefix, and no line carries
+a URL's user or password (ComfyUI serves its log to every web user at ``/internal/logs``)."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 PREFIX = "[TorchCompileSpeed]"
@@ -11,12 +13,27 @@ _said: set[str] = set()
 _said_lock = threading.Lock()
 
 
+# scheme://userinfo@ : the userinfo (a password, a token) is replaced
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s]*@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the userinfo of every URL in it replaced by ``***``."""
+    return _USERINFO.sub(r"\g<scheme>***@", text)
+
+
+def _line(msg: str, args: tuple) -> str:
+    return redact(f"{PREFIX} {msg % args if args else msg}")
+
+
 def info(msg: str, *args) -> None:
-    logger.info(f"{PREFIX} {msg}", *args)
+    if logger.isEnabledFor(logging.INFO):
+        logger.info("%s", _line(msg, args))
 
 
 def warning(msg: str, *args) -> None:
-    logger.warning(f"{PREFIX} {msg}", *args)
+    if logger.isEnabledFor(logging.WARNING):
+        logger.warning("%s", _line(msg, args))
 
 
 def _first_time(key: str) -> bool:

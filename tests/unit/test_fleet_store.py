@@ -180,8 +180,10 @@ KEY_ENV = "TORCH_COMPILE_SPEED_SHARED_KEY"
 
 @pytest.fixture
 def fresh_warnings(monkeypatch, caplog):
-    """Each test sees its own warn-once keys; returns a function giving the pack's warnings."""
-    monkeypatch.setattr(tcs_log, "_said", set())
+    """Each test sees its own warn-once keys; returns a function giving the pack's warnings.
+    The once-per-process notice that a store without a key is trusted unsigned counts as said
+    (``unsigned_notice`` tests it)."""
+    monkeypatch.setattr(tcs_log, "_said", {"fleet-unsigned"})
     caplog.set_level(logging.INFO, logger="TorchCompileSpeed")
     return lambda: [r.getMessage() for r in caplog.records
                     if r.name == "TorchCompileSpeed" and r.levelno >= logging.WARNING]
@@ -248,14 +250,49 @@ def test_a_forged_entry_with_a_valid_sha256_is_refused(tmp_path, no_fleet_env, f
     assert len(fresh_warnings()) == 1
 
 
-def test_without_a_key_behaviour_is_unchanged(tmp_path, no_fleet_env, fresh_warnings):
+def test_without_a_key_entries_are_trusted_unsigned_and_that_is_said_once(tmp_path, no_fleet_env,
+                                                                          fresh_warnings):
+    tcs_log._said.discard("fleet-unsigned")  # (unsigned_notice)
     plain = keyed(tmp_path, None, no_fleet_env)
     assert plain.secret is None
     assert plain.publish_from("fpP", CPU, make_cache_dir(tmp_path / "w1"))
     entry = next((tmp_path / "shared").glob("*.tcs"))
-    assert entry.read_bytes().startswith(fleet.MAGIC)  # today's format, byte for byte
-    assert plain.fetch_into("fpP", CPU, tmp_path / "w2")
-    assert fresh_warnings() == []
+    assert entry.read_bytes().startswith(fleet.MAGIC)  # unsigned: the sealed entry as it is
+    assert keyed(tmp_path, None, no_fleet_env).fetch_into("fpP", CPU, tmp_path / "w2")
+    warnings = fresh_warnings()
+    assert len(warnings) == 1 and "trusted unsigned" in warnings[0], warnings
+    assert KEY_ENV in warnings[0] and fleet.REQUIRE_SIGNED_ENV in warnings[0]
+
+
+def test_the_require_signed_switch_keeps_a_worker_without_the_key_off_the_store(tmp_path, no_fleet_env,
+                                                                             fresh_warnings):
+    no_fleet_env.setenv(fleet.STORE_ENV, str(tmp_path / "shared"))
+    no_fleet_env.setenv(fleet.REQUIRE_SIGNED_ENV, "1")
+    assert fleet.Fleet.from_env() is None
+    warnings = fresh_warnings()
+    assert len(warnings) == 1 and "requires signed entries" in warnings[0] and KEY_ENV in warnings[0]
+    no_fleet_env.setenv(KEY_ENV, "s3cret")  # with the key the store is used, signed
+    assert fleet.Fleet.from_env().secret == b"s3cret"
+
+
+def test_a_redis_password_never_reaches_the_log(tmp_path, no_fleet_env, fresh_warnings, caplog):
+    pytest.importorskip("redis")
+    tcs_log._said.discard("fleet-unsigned")  # (its notice names the store too)
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"  # (nothing listens there: a store that is down)
+    no_fleet_env.setenv(fleet.STORE_ENV, url)
+    no_fleet_env.setenv(fleet.TIMEOUT_ENV, "0.2")
+    shared = fleet.Fleet.from_env()
+    assert "hunter2" not in shared.store.describe() and "127.0.0.1" in shared.store.describe()
+    assert not shared.fetch_into("fpR", CPU, tmp_path / "dst")
+    lines = [r.getMessage() for r in caplog.records if r.name == "TorchCompileSpeed"]
+    assert len(lines) >= 2 and any("redis://***@127.0.0.1" in ln for ln in lines), lines
+    assert not any("hunter2" in ln for ln in lines), lines
+
+
+def test_redact_hides_the_userinfo_of_every_url():
+    text = "a redis://:p@ss@host:6379/0 b rediss://user:pw@h/1 c http://h/x@y d unix:///tmp/s"
+    assert tcs_log.redact(text) == ("a redis://***@host:6379/0 b rediss://***@h/1 c http://h/x@y "
+                                    "d unix:///tmp/s")
 
 
 def test_prewarm_manifest_is_signed_and_verified(tmp_path, no_fleet_env, fresh_warnings):
