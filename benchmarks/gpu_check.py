@@ -5,8 +5,8 @@ each stage under its own time limit so that a stuck stage still leaves the other
    defaults, the PTX warm-up, a background compile) and ``gpu_server_check.py`` (a ComfyUI 0.33
    server with and without dynamic VRAM: eager, core's TorchCompileModel, the node's defaults);
 2. speed: ``gpu_wan_bf16.py`` at the real size (WAN 2.1 1.3B dims, latent 21x60x104): eager,
-   core's whole-model compile, the node's defaults and the regional graphs alone, each cold and
-   after a restart on the same caches.
+   core's whole-model compile and the node's defaults (the regional graphs), each cold and after
+   a restart on the same caches.
 
 Writes ``gpu_check.json`` and ``.md`` into ``--out-dir`` (default ``benchmarks/results``), after
 every stage. Run it with ``bash scripts/gpu_session.sh check`` on a machine with an NVIDIA GPU.
@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BENCH_VARIANTS = "eager,torch-compile-whole,ours-stage,ours-regional"
+BENCH_VARIANTS = "eager,torch-compile-whole,ours-regional"
 LIMITS = {"correctness": 170, "bench": 290, "bench_process": 140}
 
 
@@ -76,13 +76,13 @@ def bench_summary(raw: dict) -> dict:
                "restart_error": restart.get("error", "")[-600:] or None,
                "steady_ms": (cold.get("steady_ms") or {}).get("median"),
                "peak_vram_gb": cold.get("peak_gb_steady"), "peak_vram_gb_first_call": cold.get("peak_gb_first_call"),
-               "rel_l2_vs_eager": r.get("rel_l2_vs_eager"), "whole_graph": cold.get("whole_graph")}
+               "rel_l2_vs_eager": r.get("rel_l2_vs_eager")}
         return {k: v for k, v in out.items() if v is not None}
 
     cfg = raw.get("config", {})
     return {"latent": cfg.get("latent"), "tokens": cfg.get("tokens"), "blocks": cfg.get("blocks"),
             "model": cfg.get("model_desc"), "eager": row("eager"), "core": row("torch-compile-whole"),
-            "defaults": row("ours-stage"), "regional": row("ours-regional")}
+            "defaults": row("ours-regional")}
 
 
 def environment() -> dict:
@@ -128,7 +128,7 @@ def write_md(res: dict, path: Path) -> None:
           "| variant | cold first call s | first call after restart s | steady ms | steady / core | "
           "peak VRAM GB (steady) | rel L2 vs eager |", "|---|---|---|---|---|---|---|"]
     core_ms = b.get("core", {}).get("steady_ms")
-    for name in ("eager", "core", "defaults", "regional"):
+    for name in ("eager", "core", "defaults"):
         r = b.get(name, {})
         if "error" in r:
             L.append(f"| {name} | error: {r['error'].strip().splitlines()[-1][:200] if r['error'].strip() else ''} | | | | | |")
@@ -136,12 +136,8 @@ def write_md(res: dict, path: Path) -> None:
         ratio = r["steady_ms"] / core_ms if r.get("steady_ms") and core_ms else None
         L.append(f"| {name} | {fmt(r.get('cold_s'))} | {fmt(r.get('restart_s'))} | {fmt(r.get('steady_ms'))} | "
                  f"{fmt(ratio, '.3f')} | {fmt(r.get('peak_vram_gb'))} | {fmt(r.get('rel_l2_vs_eager'), '.1e')} |")
-    wg = b.get("defaults", {}).get("whole_graph")
-    if wg:
-        L += ["", f"The defaults' whole-graph stage: {json.dumps(wg)}"]
     L += ["", "core = `torch.compile(model)` as ComfyUI's TorchCompileModel (mode default); defaults = the "
-          "settings node's defaults through the pack's engine; regional = the same without the whole-graph "
-          "stage. Stage timings in `stages`."]
+          "settings node's defaults through the pack's engine (the regional graphs). Stage timings in `stages`."]
     path.write_text("\n".join(L) + "\n")
 
 

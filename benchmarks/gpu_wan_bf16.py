@@ -1,11 +1,8 @@
 """GPU benchmark: a WAN 2.1 1.3B-shaped bf16 model (random weights, a few blocks) on CUDA,
-eager vs this pack's regional compile alone (``ours-regional``: ``compile_core.engine.prepare`` +
-``run``, mode ``speed``, the whole-graph stage off) vs whole-model ``torch.compile`` as ComfyUI
-core's TorchCompileModel runs it (mode default). ``ours-stage`` is the settings node's defaults,
-the whole-graph stage included: its background compile's time and peak memory with model calls
-running beside it (as a prompt that comes meanwhile: ``compile_core/beside.py``), its trial
-against the regional graphs (``compile_core/stage_trial.py``: kept or let go, with both times),
-then steady calls through what it chose.
+eager vs this pack's regional compile with the settings node's defaults (``ours-regional``:
+``compile_core.engine.prepare`` + ``run``, mode ``speed``) vs whole-model ``torch.compile`` as
+ComfyUI core's TorchCompileModel runs it (mode default); ``ours-whole`` is the pack's whole-model
+compile (``compile_transformer_blocks_only`` off).
 
 No ComfyUI server is needed. The model is ComfyUI's own ``comfy.ldm.wan.model.WanModel`` when
 the default test host (``.host/comfyui-0.33.0``, or ``TCS_COMFY_HOST``) exists (``--model comfy``,
@@ -48,9 +45,8 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "host"))
 from harness import COMFY_DIR  # noqa: E402  (the default host, 0.33.0, or TCS_COMFY_HOST)
 sys.path.pop(0)
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "gpu_results"
-VARIANTS = ("eager", "ours-regional", "torch-compile-whole", "ours-whole", "ours-stage")
-DEFAULT_VARIANTS = ("eager", "ours-regional", "torch-compile-whole", "ours-stage")
-STAGE_ENV = "TORCH_COMPILE_SPEED_WHOLE_GRAPH"
+VARIANTS = ("eager", "ours-regional", "torch-compile-whole", "ours-whole")
+DEFAULT_VARIANTS = ("eager", "ours-regional", "torch-compile-whole")
 WAN_1_3B = {"dim": 1536, "ffn_dim": 8960, "num_heads": 12, "text_dim": 4096, "freq_dim": 256,
             "in_dim": 16, "out_dim": 16}
 
@@ -227,17 +223,13 @@ def worker(args) -> dict:
     info = {"variant": args.worker, "model_class": f"{type(model).__module__}.{type(model).__name__}"}
     if args.worker == "eager":
         call = forward
-    elif args.worker in ("ours-regional", "ours-whole", "ours-stage"):
+    elif args.worker in ("ours-regional", "ours-whole"):
         sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
         from compile_core import engine
         from compile_core.persist import PersistentCache
         from compile_core.settings import CompileSettings, build_compile_args
-        # ours-stage: the node's defaults, the whole-graph stage and its trial included;
-        # ours-regional: the regional graphs alone (whole_graph off)
         settings = CompileSettings.from_args(build_compile_args(
-            backend=args.backend, mode=args.mode, whole_graph=args.worker == "ours-stage",
-            compile_transformer_blocks_only=args.worker != "ours-whole"))
-        os.environ.pop(STAGE_ENV, None)  # (the operator's override would skip the trial)
+            backend=args.backend, mode=args.mode, compile_transformer_blocks_only=args.worker != "ours-whole"))
         t0 = time.perf_counter()
         # the pack's persistent cache, as ComfyUI runs it (the root comes from the env below),
         # so the restart pass loads the saved regions (compile_core/precompiled.py)
@@ -273,8 +265,6 @@ def worker(args) -> dict:
         for _ in range(args.warmup):
             call()
         sync()
-        if args.worker == "ours-stage":
-            info["whole_graph"] = until_whole_graph(cm, call, sync, on_cuda, device)
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(device)
         times = []
@@ -292,62 +282,11 @@ def worker(args) -> dict:
                 times.append((time.perf_counter() - t) * 1e3)
         if on_cuda:
             info["peak_gb_steady"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
-    if "compile_s" in info.get("whole_graph", {}):  # the stage's counts after the timed calls
-        from compile_core import status
-        info["whole_graph"].update(status._whole_graph(cm.whole))
     info["steady_ms"] = {"median": statistics.median(times), "mean": statistics.fmean(times),
                          "min": min(times), "max": max(times), "n": len(times)}
     info["output_finite"] = bool(torch.isfinite(out).all())
     torch.save(out.float().cpu(), args.save_output)
     return info
-
-
-def until_whole_graph(cm, call, sync, on_cuda: bool, device) -> dict:
-    """Calls until the whole-graph stage has compiled (in the background, as on an idle
-    server) and taken a call: its compile time, peak memory and state."""
-    import torch
-    from compile_core import background
-    for _ in range(3):  # settle, then capture its inputs
-        call()
-        if cm.whole.job is not None:
-            break
-    if on_cuda:
-        sync()
-        torch.cuda.reset_peak_memory_stats(device)
-    if cm.whole.job is None:
-        return {"error": f"the whole-graph stage did not compile: {cm.whole.state}"}
-    beside = _calls_beside(cm.whole.job, call, sync)
-    if not cm.whole.job.done.wait(1800):
-        return {"error": f"the whole-graph stage did not compile: {cm.whole.state}"}
-    background.wait_idle()
-    seconds = cm.whole.job.seconds
-    out = {"compile_s": seconds, **beside}
-    if on_cuda:  # (with the calls beside it: a prompt that came while it compiled)
-        out["peak_gb_compile"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
-    trial = cm.whole.trial
-    for _ in range(40):  # its trial against the regional graphs (compile_core/stage_trial.py)
-        call()
-        if trial is None or trial.done or cm.whole.state != "ready":
-            break
-    sync()
-    out["trial"] = trial.report() if trial is not None else None
-    return out
-
-
-def _calls_beside(job, call, sync, limit_s: float = 1800) -> dict:
-    """Model calls while the stage compiles, as a prompt that comes meanwhile makes them
-    (``compile_core/beside.py``: on the regional graphs): their median and count."""
-    from compile_core import background
-    deadline = time.monotonic() + limit_s
-    while not (background.optional_running() or job.done.is_set()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    times = []
-    while background.optional_running() and not job.done.is_set() and time.monotonic() < deadline:
-        start = time.perf_counter()
-        call()
-        sync()
-        times.append(time.perf_counter() - start)
-    return {"beside_ms_median": statistics.median(times) * 1e3 if times else None, "beside_calls": len(times)}
 
 
 # --------------------------------------------------------------------------- driver
@@ -438,21 +377,10 @@ def write_md(res: dict, path: Path) -> None:
           "'after restart' is a new process with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR "
           "(and, for ours, the same persistent cache with its saved regions). "
           "Steady = CUDA-event time of one forward after warm-up. ours-regional is "
-          "`compile_core.engine.prepare` + `CompiledModel.run` (blocks only, shape policy auto); "
+          "`compile_core.engine.prepare` + `CompiledModel.run` with the settings node's defaults (blocks "
+          "only, shape policy auto); "
           "torch-compile-whole is plain `torch.compile(model)` (core's TorchCompileModel: mode default); "
-          "ours-stage is the node's defaults: ours-regional with the whole-graph stage, timed once "
-          "its trial decided (the whole graph if kept, else the regional graphs)."]
-    stages = [(v, r["cold"]["whole_graph"]) for v, r in res["variants"].items()
-              if "whole_graph" in r.get("cold", {})]
-    for v, st in stages:
-        L += ["", f"{v}: the whole-graph stage " + (st["error"] if "error" in st else
-              f"compiled in {st['compile_s']:.1f} s (peak GB during it: "
-              f"{st.get('peak_gb_compile', float('nan')):.2f}); state {st['state']}, took "
-              f"{st['taken']} of {st['taken'] + st['regional_calls']} calls after it (timed and not), "
-              f"{st['refusals']} refused, {st['graphs']} graph(s); "
-              f"{st.get('beside_calls', 0)} calls beside its compile, median "
-              f"{st.get('beside_ms_median') or float('nan'):.1f} ms (the regional graphs); its trial "
-              f"(fastest call, whole vs regional): {st.get('trial')}")]
+          "ours-whole is the pack's whole-model compile."]
     path.write_text("\n".join(L) + "\n")
 
 

@@ -19,11 +19,6 @@ Variants:
   traced once and its code stamped out for each block inside the one graph). Not a pack
   feature: it tells what a whole-model graph with regional compile's reuse would give.
 
-- ``ours + whole graph`` (``--whole-graph``): the pack's defaults with the experimental
-  whole-graph stage (``TORCH_COMPILE_SPEED_WHOLE_GRAPH=1``, ``compile_core/whole_graph.py``):
-  the regional compile, then the whole model as one graph with the blocks nested, compiled in
-  the background; measured once it takes the calls.
-
 ``ours`` / ``torch regional`` is what the pack costs in steady state; ``torch regional`` / ``core``
 is what regional compilation costs on this model (the glue between blocks runs eagerly, each
 block is its own compiled call).
@@ -48,7 +43,6 @@ from overhead_benchmark import interleaved, load_pack  # noqa: E402
 
 VARIANTS = ("eager", "core", "torch regional", "ours", "ours whole")
 NESTED = "core, nested blocks"  # --nested
-WHOLE_GRAPH = "ours + whole graph"  # --whole-graph: TORCH_COMPILE_SPEED_WHOLE_GRAPH=1
 # --whole-split: where the whole model through the pack differs from core (mode, batch marks)
 WHOLE_SPLIT = {"ours whole, mode default": {"mode": "default"},
                "ours whole, static shapes": {"shape_policy": "static"}}
@@ -87,40 +81,16 @@ def compiled_call(variant: str, model, inputs: tuple):
         extra = {"compile_transformer_blocks_only": False} if variant.startswith("ours whole") else {}
         settings = s.CompileSettings.from_args(s.build_compile_args(**{"mode": "speed", **extra,
                                                                        **WHOLE_SPLIT.get(variant, {})}))
-        with _whole_graph_env(variant == WHOLE_GRAPH):
-            cm = engine.prepare(model, settings, pack("compile_core.registry").ReuseRegistry())
-        if variant == WHOLE_GRAPH:
-            _until_whole_graph(cm, lambda: cm.run(model, call, x.device))
+        cm = engine.prepare(model, settings, pack("compile_core.registry").ReuseRegistry())
         return lambda: cm.run(model, call, x.device)
     return call
 
 
-def _whole_graph_env(on: bool):
-    """``TORCH_COMPILE_SPEED_WHOLE_GRAPH`` set while the variant is prepared."""
-    import contextlib
-    from unittest import mock
-    return mock.patch.dict(os.environ, {"TORCH_COMPILE_SPEED_WHOLE_GRAPH": "1"}) if on else contextlib.nullcontext()
-
-
-def _until_whole_graph(cm, call) -> None:
-    """Calls until the whole-graph stage compiled in the background and took a call."""
-    for _ in range(3):  # compile the regions, settle, capture
-        call()
-    if cm.whole.job is None or not cm.whole.job.done.wait(1800):
-        raise RuntimeError(f"the whole-graph stage did not compile: {cm.whole.state}")
-    pack = load_pack()
-    pack("compile_core.background").wait_idle()
-    call()
-    if cm.whole.state != "ready" or not cm.whole.taken:
-        raise RuntimeError(f"the whole graph did not take the call: {cm.whole.state}")
-
-
-def _variants(nested: bool, whole_split: bool, whole_graph: bool = False) -> tuple:
+def _variants(nested: bool, whole_split: bool) -> tuple:
     """``--nested`` goes first of the compiled variants, so its cold first call (not core's)
     pays the process's one-time compile costs."""
     head = ("eager", NESTED) if nested else ("eager",)
-    tail = ((WHOLE_GRAPH,) if whole_graph else ()) + (tuple(WHOLE_SPLIT) if whole_split else ())
-    return head + VARIANTS[1:] + tail
+    return head + VARIANTS[1:] + (tuple(WHOLE_SPLIT) if whole_split else ())
 
 
 def _nest_blocks(model) -> None:
@@ -205,9 +175,6 @@ def markdown(result: dict) -> str:
               f"**{rows['ours']['per_torch_regional']:.3f}**. Regional compilation itself, "
               f"`torch regional` / `core`: {rows['torch regional']['per_core']:.3f}; the whole model "
               f"through the pack, `ours whole` / `core`: {rows['ours whole']['per_core']:.3f}.", ""]
-    if WHOLE_GRAPH in rows:
-        lines += [f"`{WHOLE_GRAPH}` / `core`: **{rows[WHOLE_GRAPH]['per_core']:.3f}** per call (`ours` / `core`: "
-                  f"{rows['ours']['per_core']:.3f}).", ""]
     if NESTED in rows:
         n, c = rows[NESTED], rows["core"]
         lines += [f"`{NESTED}` / `core`: {n['per_core']:.3f} per call; its cold first call "
@@ -230,8 +197,6 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--nested", action="store_true",
                     help="also core's whole-model compile with the blocks as nested compile regions")
-    ap.add_argument("--whole-graph", action="store_true",
-                    help="also the pack's defaults with the whole-graph stage (TORCH_COMPILE_SPEED_WHOLE_GRAPH=1)")
     ap.add_argument("--cold-of", default="", help=argparse.SUPPRESS)  # (a cold_rows child)
     ap.add_argument("--whole-split", action="store_true",
                     help="also the whole model through the pack in mode default, and with static shapes")
@@ -244,8 +209,7 @@ def main() -> int:
         if args.cold_of:
             print("COLD " + json.dumps(cold_first_call(args.cold_of, args.dim, args.blocks)))
             return 0
-        rows = measure(args.dim, args.blocks, args.rounds,
-                       _variants(args.nested, args.whole_split, args.whole_graph))
+        rows = measure(args.dim, args.blocks, args.rounds, _variants(args.nested, args.whole_split))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result = {"dim": args.dim, "blocks": args.blocks, "rounds": args.rounds, "rows": rows, "machine": info}

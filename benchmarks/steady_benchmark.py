@@ -4,11 +4,8 @@ One ComfyUI server per variant, all up at once, on the same tiny WAN:
 
 - ``eager``: no compile node;
 - ``core``: ComfyUI's ``TorchCompileModel`` (backend inductor);
-- ``ours``: Apply Torch Compile with the settings node's defaults (mode ``speed``, regional,
-  the whole-graph stage on): its warm-up also waits until the stage has compiled in the
-  background and its trial against the regional graphs has decided (``stage_trial``);
-- extra rows, to tell where a difference comes from, all without the stage (``whole_graph``
-  off): ``ours-regional`` (the defaults otherwise), ``ours-default`` (mode ``default``),
+- ``ours``: Apply Torch Compile with the settings node's defaults (mode ``speed``, regional);
+- extra rows, to tell where a difference comes from: ``ours-default`` (mode ``default``),
   ``ours-static`` (shape policy ``static``: no dims marked dynamic), ``ours-whole`` (the whole
   diffusion model as one region, as core compiles it).
 
@@ -38,17 +35,11 @@ from run_benchmarks import Run, machine_info  # noqa: E402
 from harness import NODE_DEFAULTS, ComfyHost, make_tiny_wan, rel_l2  # noqa: E402
 
 TARGET = 1.05
-VARIANTS = ("eager", "core", "ours", "ours-regional", "ours-default", "ours-static", "ours-whole")
-NO_STAGE = {"whole_graph": False}
-SETTINGS = {"ours": NODE_DEFAULTS, "ours-regional": {**NODE_DEFAULTS, **NO_STAGE},
-            "ours-default": {"mode": "default", **NO_STAGE},
-            "ours-static": {"mode": "speed", "shape_policy": "static", **NO_STAGE},
+VARIANTS = ("eager", "core", "ours", "ours-default", "ours-static", "ours-whole")
+SETTINGS = {"ours": NODE_DEFAULTS, "ours-default": {"mode": "default"},
+            "ours-static": {"mode": "speed", "shape_policy": "static"},
             "ours-whole": {"mode": "speed", "compile_transformer_blocks_only": False}}
-STAGED = ("ours",)  # the variants whose warm-up waits for the whole-graph stage
 WARMUP_MAX = 6
-STAGE_DONE = "as one graph in the background: 1 graph(s)"  # the whole-graph stage compiled
-TRIAL_KEPT = "so the whole graph takes the calls its guards accept from now on"  # its trial's verdicts
-TRIAL_DROPPED = "the whole graph is slower here, so it is let go"
 
 
 def variant_prompt(variant: str, model: str, steps: int, prefix: str) -> dict:
@@ -75,29 +66,9 @@ def warm(host, variant, model, steps) -> int:
     for i in range(WARMUP_MAX):
         got = run_once(host, variant, model, steps, f"w{i}")
         if prev is not None and got["graphs"] == prev:
-            return i + 1 + _until_stage(host, variant, model, steps)
+            return i + 1
         prev = got["graphs"]
-    return WARMUP_MAX + _until_stage(host, variant, model, steps)
-
-
-def _until_stage(host, variant, model, steps, timeout: float = 900) -> int:
-    """For a variant with the whole-graph stage: wait until it compiled, then prompts until its
-    trial has decided, and one more; the prompts it ran."""
-    if variant not in STAGED:
-        return 0
-    host.wait_for_log(STAGE_DONE, timeout=timeout)
-    for i in range(4):
-        run_once(host, variant, model, steps, f"w-stage{i}")
-        if trial_verdict(host):
-            run_once(host, variant, model, steps, "w-stage-after")
-            return i + 2
-    raise RuntimeError(f"{variant}: the whole-graph stage's trial did not decide in 4 prompts")
-
-
-def trial_verdict(host) -> str:
-    """The log line of the stage's trial verdict, or ''."""
-    return next((line.split("[TorchCompileSpeed]", 1)[-1].strip() for line in host.log_text().splitlines()
-                 if TRIAL_KEPT in line or TRIAL_DROPPED in line), "")
+    return WARMUP_MAX
 
 
 def measure(model_path: Path, steps: int, rounds: int, work: Path) -> dict:
@@ -115,9 +86,8 @@ def measure(model_path: Path, steps: int, rounds: int, work: Path) -> dict:
             order = VARIANTS[i % len(VARIANTS):] + VARIANTS[:i % len(VARIANTS)]  # rotate who goes first
             for v in order:
                 raw[v].append(run_once(hosts[v], v, name, steps, f"r{i}"))
-        verdicts = {v: trial_verdict(hosts[v]) for v in STAGED}
     ref = raw["eager"][0]["latent"]
-    out = {"warmup_prompts": warmups, "trial_verdicts": verdicts, "rows": {}}
+    out = {"warmup_prompts": warmups, "rows": {}}
     for v in VARIANTS:
         rows = raw[v]
         out["rows"][v] = {
@@ -156,14 +126,12 @@ def markdown(res: dict, info: dict, args) -> str:
     for v, r in res["rows"].items():
         lines.append(f"| {v} | {r['exec_s_median']} | {r['step_ms_median'] or 'n/a'} | {r['prompt_vs_core']} | "
                      f"{r['step_vs_core'] or 'n/a'} | {r['new_graphs_in_rounds']} | {r['max_rel_l2_vs_eager']:.1e} |")
-    lines += ["", "`ours` is the settings node's defaults (mode speed, shape policy auto, regional, the "
-              "whole-graph stage on); the extra rows have the stage off: `ours-regional` the defaults "
-              "otherwise, `ours-default` mode default, `ours-static` shape policy static, `ours-whole` "
-              "the whole model as one region. Step times come from a forward pre-hook "
-              "on the diffusion model, left out of graphs of the whole diffusion model (core's, "
-              "`ours-whole`'s, the stage's: it would break them in two), so those rows have none. "
+    lines += ["", "`ours` is the settings node's defaults (mode speed, shape policy auto, regional); "
+              "`ours-default` mode default, `ours-static` shape policy static, `ours-whole` the whole "
+              "model as one region. Step times come from a forward pre-hook on the diffusion model, "
+              "left out of graphs of the whole diffusion model (core's, `ours-whole`'s: it would "
+              "break them in two), so those rows have none. "
               f"Warm-up prompts per variant: {res['warmup_prompts']}.", "",
-              f"The stage's trial: {res['trial_verdicts']}", "",
               f"Target: a steady prompt with the pack <= {TARGET}x core's: "
               f"{'met' if ours <= TARGET else 'NOT met'} ({ours}x).", ""]
     return "\n".join(lines)

@@ -60,7 +60,6 @@ class Job:
         self.what = ""  # what it compiles, for the log ("the first input", "a new input")
         self.result = None  # what ``fn`` returned
         self.on_done: Callable[[], None] | None = None  # called on the worker once ``done`` is set
-        self.optional = False  # deferred (``defer``): model calls run beside it (``beside``), none waits
 
     def _run(self) -> None:
         start = time.perf_counter()
@@ -89,23 +88,18 @@ class _Worker:
         self._idle = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._jobs: list[Job] = []  # queued or running, in order
-        self._deferred: list[tuple[Job, Callable[[], bool]]] = []  # see ``defer``
         self.current: Job | None = None  # the job running now
-        self._holds = 0  # callers keeping deferred jobs from starting (``quiet``)
 
     def submit(self, job: Job) -> Job:
         with self._lock:
             self._pending += 1
             self._jobs.append(job)
-            self._start_thread()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="tcs-background-compile",
+                                                daemon=True)
+                self._thread.start()
         self._queue.put(job)
         return job
-
-    def _start_thread(self) -> None:  # (under self._lock)
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name="tcs-background-compile",
-                                            daemon=True)
-            self._thread.start()
 
     def busy(self) -> bool:
         return self._pending > 0
@@ -124,58 +118,11 @@ class _Worker:
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
-    def defer(self, job: Job, ready: Callable[[], bool]) -> Job:
-        """Keep ``job`` aside until ``ready()`` and the host is idle; it is not queued (nor
-        ``busy``) before, so it neither holds up the jobs queued after it nor a ``wait_idle``."""
-        job.optional = True
-        with self._lock:
-            self._deferred.append((job, ready))
-            self._start_thread()
-        self._queue.put(None)  # wakes a worker waiting for a job: from now on it polls
-        return job
-
-    @contextlib.contextmanager
-    def quiet(self) -> Iterator[bool]:
-        with self._lock:
-            quiet = not self._pending
-            self._holds += quiet
-        try:
-            yield quiet
-        finally:
-            with self._lock:
-                self._holds -= quiet
-
-    def _take_deferred(self) -> Job | None:
-        """The first deferred job that may start now, counted as pending from here on."""
-        with self._lock:
-            if not self._deferred or self._pending or self._holds:
-                return None
-            job, ready = self._deferred[0]
-        if not (ready() and _host_idle()):
-            return None
-        with self._lock:
-            if self._pending or self._holds or not self._deferred or self._deferred[0][0] is not job:
-                return None
-            self._deferred.pop(0)
-            self._pending += 1
-            self._jobs.append(job)
-        return job
-
-    def _next(self) -> Job | None:
-        """The next queued job, else a deferred one that may start (None: neither yet)."""
-        try:
-            job = self._queue.get(timeout=RELEASE_POLL if self._deferred else None)
-        except queue.Empty:
-            job = None
-        return job if job is not None else self._take_deferred()
-
     def _loop(self) -> None:
         # (not niced: tracing is Python under the GIL, and a niced thread rarely wins the GIL
         # from a busy main thread; measured: a 25 s compile did not finish in 80 s)
         while True:
-            job = self._next()
-            if job is None:
-                continue
+            job = self._queue.get()
             _wait_for_release(job)
             self.current = job
             try:
@@ -194,10 +141,10 @@ def _in_own_thread(fn: Callable[[], None], label: str) -> None:
     inputs, and on the CPU their OpenMP loops give the calling thread a thread team of its own
     that lives as long as the thread. With a second team alive, the OpenMP runtime has more
     threads than cores and stops spinning between parallel loops, so every later model call is
-    slower (measured, 2 cores, tiny WAN: the regional graphs 52 -> 90 ms a call, the whole graph
-    44 -> 69 ms, after a compile on the long-lived worker; unchanged after one in a thread that
-    ended). Not on a torch where a thread that compiled must not end (``compile_threads``):
-    there ``fn`` runs on the worker, which never ends."""
+    slower (measured, 2 cores, tiny WAN: the regional graphs 52 -> 90 ms a call after a compile
+    on the long-lived worker; unchanged after one in a thread that ended). Not on a torch where
+    a thread that compiled must not end (``compile_threads``): there ``fn`` runs on the worker,
+    which never ends."""
     from . import compile_threads
     if not compile_threads.after_a_thread_ends():
         fn()
@@ -268,24 +215,10 @@ def submit(fn: Callable[[], None], label: str, hold: bool = False) -> Job:
     return WORKER.submit(Job(fn, label, hold))
 
 
-def defer(fn: Callable[[], None], label: str, ready: Callable[[], bool]) -> Job:
-    """Run ``fn`` on the worker once ``ready()`` holds, the host is idle and no other job is
-    pending (an optional compile that must never run beside a sampling run, see
-    ``whole_graph``), in a copy of the caller's context."""
-    return WORKER.defer(Job(fn, label), ready)
-
-
-def optional_running() -> bool:
-    """A deferred job (``defer``) is compiling now: a model call runs beside it (``beside``)
-    rather than wait for an optional compile."""
-    job = WORKER.current
-    return job is not None and job.optional
-
-
 def note_beside(description: str, eager_why: str = "") -> None:
-    """Count a model call that runs beside the compile running now (an optional one, or
-    another model's), and say so at the first (no call beside it is left unsaid): on its own
-    graphs (``beside``), or eagerly and why (``eager_why``)."""
+    """Count a model call that runs beside another model's compile running now, and say so at
+    the first (no call beside it is left unsaid): on its own graphs (``beside``), or eagerly
+    and why (``eager_why``)."""
     job = WORKER.current
     if job is None:
         return
@@ -303,13 +236,6 @@ def note_beside(description: str, eager_why: str = "") -> None:
 def busy() -> bool:
     """A job is queued or running."""
     return WORKER.busy()
-
-
-def quiet() -> "contextlib.AbstractContextManager[bool]":
-    """``with quiet() as q``: q is True when no job is queued or running, and then no deferred
-    job starts until the block ends (a process-wide compiler setting the block makes must not
-    reach a compile on the worker); False: a job is pending, nothing is held back."""
-    return WORKER.quiet()
 
 
 def wait_idle(timeout: float | None = None) -> bool:

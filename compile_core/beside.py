@@ -1,21 +1,17 @@
-"""Model calls while the worker compiles something else: on the graphs this model already has.
+"""Model calls while the worker compiles another model: on the graphs this model already has.
 
-An optional compile (the whole-graph stage, ``whole_graph``) starts when the server is idle, and
-nothing waits for it: a prompt that comes meanwhile runs beside it. Eagerly, that prompt was
-slower than the same prompt on the regional graphs before the compile began. The same holds
-for a model in background mode whose graphs are built while another model's compile runs
-(WAN 2.2's two models, say): it ran eagerly until the worker was idle. Both now run the
-regional graphs that take their calls, on these terms:
+A model in background mode whose graphs are built while another model's compile runs (WAN
+2.2's two models, say) does not wait for that compile, nor run eagerly until the worker is
+idle: it runs the regional graphs that take its calls, on these terms:
 
 - No compile on this thread: each region call is checked ahead against dynamo's cache, as
   dynamo would check it (``StrictMiss``); a call no graph takes for sure runs the block's eager
   forward (also where it cannot be told), and nothing is queued for it.
 - No scope on this thread: the scope's knobs and environment matter to a compile only, and
-  the worker's scope holds the process-wide environment (``engine.CompiledModel.run``).
+  the worker's scope holds the process-wide environment (restored out of order, a scope of
+  this thread would leave the cache folder set).
 - Only a model whose graphs have no graph break: a break's resume frame is a graph of its own
   that the check ahead does not see, and a miss there would compile here.
-- Not inside another torch.compile (core's TorchCompileModel after Apply): that compile
-  would trace the checks ahead.
 - Not with CUDA graphs (modes ``reduce-overhead``, ``max-autotune`` or the ``cudagraphs``
   backend, on a GPU): their replays are not to share a device with a compile that runs the model.
 - Saved regions (``precompiled``) run only in variants that have run here already
@@ -64,8 +60,6 @@ def why_not(cm, device: torch.device) -> str:
     e, s = cm.entry, cm.settings
     if e.failed or not e.graphs:  # (of the entry: an Apply node that runs again shares it)
         return "it has no compiled graph yet"
-    if cm.inside_other_compile:  # (that compile would trace the checks ahead)
-        return "another torch.compile wraps its model call"
     if e.graph_breaks:
         return "its graphs have graph breaks"
     if device.type == "cuda" and (s.backend == "cudagraphs" or
@@ -78,9 +72,8 @@ def why_not(cm, device: torch.device) -> str:
 
 def run(cm, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device,
         attached: Callable) -> object:
-    """One model call of ``cm`` (an ``engine.CompiledModel``) while the worker compiles
-    something else (an optional compile, or another model's): on its graphs where they take
-    it, else eagerly; said once per job."""
+    """One model call of ``cm`` (an ``engine.CompiledModel``) while the worker compiles another
+    model: on its graphs where they take it, else eagerly; said once per job."""
     why = why_not(cm, device)
     background.note_beside(cm.description, why)
     try:

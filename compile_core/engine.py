@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from . import (background, beside, fallback, log, new_shapes, precompiled, prewarm, scoped, shapes,
-               torch_compat, warmup, whole_graph)
+               torch_compat, warmup)
 from .fingerprint import fingerprint
 from .fleet import Fleet
 from .persist import PersistentCache
@@ -190,9 +190,9 @@ class CompiledModel:
     # called on the worker when a background compile of this model is done (the bridge sends
     # the badge's status: a held compile ends after its run, when no model call would)
     on_background_done: Callable[[], None] | None = None
-    whole: whole_graph.WholeGraph | None = None  # the whole-graph stage, where it is on
     # the host found another torch.compile around the model call (core's TorchCompileModel
-    # after Apply): it would trace the stage's input capture, so the stage stays off
+    # after Apply): it would trace a background compile's input capture, so the model compiles
+    # in the foreground
     inside_other_compile: bool = False
 
     @property
@@ -213,8 +213,6 @@ class CompiledModel:
             self._sampling_run = outer
             if not outer and self._job is not None:
                 self._job.run_over = True  # held (CPU): it starts once the host is idle
-            if not outer and self.whole is not None:
-                self.whole.run_over = True
 
     def mark_warmed(self) -> None:
         """Kernels are being warmed elsewhere (compile-ahead): skip the first-call PTX warm-up."""
@@ -229,18 +227,9 @@ class CompiledModel:
         may run eagerly instead while the worker compiles (``_run_background``); a compile this
         call queues runs inside ``worker_context()`` on the worker (what the caller's own
         context does around this call, e.g. the bridge's LoRA routing)."""
-        quiet = not self.changed
         self.changed, self._worker_context = False, worker_context
         if self.entry.failed:
             return call()
-        if background.optional_running() and not self._foreground:
-            # never wait for an optional compile; no scope of this thread may overlap the
-            # worker's (restored out of order, it would leave the cache folder set)
-            return beside.run(self, diffusion_model, call, device, attached)
-        if self.whole is not None and not self._foreground and not self.inside_other_compile:
-            got = self.whole.run(self, diffusion_model, call, device, quiet)
-            if got is not None:
-                return got[0]
         if self.settings.background_compile and not self._foreground and not self.inside_other_compile:
             eager = self._run_background(diffusion_model, call, device)
             if eager is not None:
@@ -554,9 +543,6 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     """Plan regions and find (reuse_if_similar) or build the compiled callable for this model.
     ``plan``: regions chosen by the caller (e.g. ``compile_core.vae``), instead of ``plan_regions``."""
     prewarm.wait()
-    # the whole-graph stage is for a diffusion model's own plan, never a caller's: a VAE's
-    # decoder carries state across its per-chunk calls (compile_core.vae never compiles it whole)
-    stage_allowed = plan is None
     plan = plan or plan_regions(diffusion_model, settings.blocks_only)
     fp = fingerprint(diffusion_model, plan, settings)
     factory = functools.partial(make_compiled_call, settings)
@@ -569,12 +555,9 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     else:
         entry, reused = CompiledEntry(fp, factory()), False
     description = plan.describe(diffusion_model)
-    stage = whole_graph.wanted(plan, settings) if stage_allowed else ""
-    whole = whole_graph.of(entry, stage) if stage and not entry.failed else None
     log.info("%s [%s, mode=%s, fingerprint %s]", _prepared(entry, reused, description),
              settings.backend, settings.mode, fp[:12])
-    return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet,
-                         whole=whole)
+    return CompiledModel(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet)
 
 
 def _prepared(entry: CompiledEntry, reused: bool, description: str) -> str:

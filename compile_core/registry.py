@@ -31,7 +31,6 @@ class CompiledEntry:
     fleet_checked: bool = False  # the shared store was asked once for this entry
     fleet_hit: bool = False
     measurement: dict = dataclasses.field(default_factory=dict)  # last Diagnostics speedup
-    whole: object = None  # its whole-graph stage (compile_core.whole_graph), where that is on
     precompiled: object = None  # precompiled.Precompiled: the dynamo-level warm start, if any
 
 

@@ -31,7 +31,10 @@ LEGACY_EXTRA_KEYS = (
     "ptx_cache_dir", "speed_preset",
 )
 # Keys this pack adds (after all of the above; every consumer ignores unknown keys).
-NEW_EXTRA_KEYS = ("shape_policy", "declared_shapes", "background_compile", "whole_graph")
+NEW_EXTRA_KEYS = ("shape_policy", "declared_shapes", "background_compile")
+# Keys earlier versions of this pack emitted that nothing reads any more: a dict (or a saved
+# workflow) that still carries one loads as before, and the key is ignored.
+RETIRED_KEYS = ("whole_graph",)
 UI_MODES = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead", "speed")
 SPEED_PRESET = {"backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dynamic": True}
 # What the pack's own Apply nodes compile the speed preset in. Autotuning (max-autotune-*, or
@@ -43,9 +46,6 @@ LIMIT_RANGE = (0, 1024)
 # background_compile when a dict (or an old workflow's node) does not say: see
 # benchmarks/results/background_cpu.md for the measurement behind it
 BACKGROUND_DEFAULT = False
-# whole_graph when a dict (or an old workflow's node) does not say: on, and the stage keeps its
-# graph only where it times faster than the regional graphs (compile_core/stage_trial.py)
-WHOLE_GRAPH_DEFAULT = True
 WARMUP_RANGE = (0, 5)
 
 
@@ -96,12 +96,11 @@ class CompileSettings:
     declared_shapes: tuple | None = None
     # compile in a worker thread while the first run goes on eagerly (compile_core.background)
     background_compile: bool = False
-    # after a regional compile settles, the whole model as one graph in the background (whole_graph)
-    whole_graph: bool = WHOLE_GRAPH_DEFAULT
 
     @classmethod
     def from_args(cls, args: Any) -> "CompileSettings":
-        """Validate a WANCOMPILEARGS dict (ours, WanVideoWrapper's, or the old pack's)."""
+        """Validate a WANCOMPILEARGS dict (ours, WanVideoWrapper's, or the old pack's). Keys
+        it does not know (``RETIRED_KEYS`` among them) are ignored."""
         if not isinstance(args, Mapping):
             raise CompileArgsError(
                 f"compile_args must be a WANCOMPILEARGS dict, got {type(args).__name__}. "
@@ -134,7 +133,6 @@ class CompileSettings:
             shape_policy=_choice(a, "shape_policy", POLICIES, default="auto"),
             declared_shapes=parse_declared_shapes(_str(a, "declared_shapes", default="")),
             background_compile=_bool(a, "background_compile", default=BACKGROUND_DEFAULT),
-            whole_graph=_bool(a, "whole_graph", default=WHOLE_GRAPH_DEFAULT),
         )
 
     def compile_kwargs(self) -> dict[str, Any]:
@@ -156,7 +154,7 @@ def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynami
                        warmup_runs=1, ptx_cache_dir="", dynamo_recompile_limit=128,
                        force_parameter_static_shapes=False,
                        allow_unmerged_lora_compile=False, shape_policy="auto",
-                       declared_shapes="", background_compile=None, whole_graph=WHOLE_GRAPH_DEFAULT) -> dict[str, Any]:
+                       declared_shapes="", background_compile=None) -> dict[str, Any]:
     """The settings node's output: WanVideoWrapper's 9 keys in its order, then the legacy extras.
 
     ``mode="speed"`` is not a torch mode, so it is translated here, before the dict is built.
@@ -183,7 +181,6 @@ def build_compile_args(backend="inductor", fullgraph=False, mode="speed", dynami
         "shape_policy": shape_policy,
         "declared_shapes": declared_shapes or "",
         "background_compile": BACKGROUND_DEFAULT if background_compile is None else background_compile,
-        "whole_graph": whole_graph,
     }
     CompileSettings.from_args(args)  # fail here, with the key named, not later in a sampler
     return args

@@ -282,15 +282,6 @@ def shaped_call(compiled: Callable, module: nn.Module, shaper: InputShaper, fast
     return call
 
 
-# the code of every ``_compiled_call_impl`` that ``shaped_call`` makes
-_REGION_CALL_CODE = next(c for c in shaped_call.__code__.co_consts if getattr(c, "co_name", "") == "call")
-
-
-def is_region_call(value: object) -> bool:
-    """Whether ``value`` is a ``_compiled_call_impl`` made by ``shaped_call``."""
-    return getattr(value, "__code__", None) is _REGION_CALL_CODE
-
-
 def _marked_until_a_hit(compiled: Callable, module: nn.Module, args: tuple, kwargs: dict,
                         marks: list, memo: dict):
     """Call ``compiled`` with the marks applied, until a call of this region class in this model

@@ -50,17 +50,5 @@ def status_payload(compiled, node_id: str | None = None) -> dict:
         "shared_cache": "hit" if e.fleet_hit else ("miss" if e.fleet_checked else "off"),
         "background": getattr(compiled.settings, "background_compile", False),
         "swapped_at": getattr(compiled, "swapped_at", None),  # model call a background compile began
-        "whole_graph": _whole_graph(getattr(compiled, "whole", None)),
         **e.measurement,
     }
-
-
-def _whole_graph(stage) -> dict | None:
-    """The experimental whole-graph stage (``compile_core.whole_graph``), where it is on."""
-    if stage is None:
-        return None
-    return {"state": stage.state, "taken": stage.taken, "regional_calls": stage.regional_calls,
-            "refusals": stage.refusals, "graph_breaks": max(stage.breaks, 0),
-            "graphs": stage.cm.entry.graphs if stage.cm is not None else 0,
-            "trial": stage.trial.report() if stage.trial is not None else None,
-            "timing": stage.trial is not None and not stage.trial.done and stage.state == "ready"}

@@ -382,53 +382,6 @@ def _backend_of(compiled: Callable) -> object:
         return None
 
 
-_REFUSED = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
-
-
-@contextlib.contextmanager
-def misses_refused() -> Iterator[bool]:
-    """``with misses_refused() as on``: where ``on``, a compiled function none of whose graphs
-    takes a call raises instead of compiling (``refused``), so dynamo's own guard check is the
-    only one (torch's ``set_stance("fail_on_recompile")``). Process-wide for compiled functions
-    entered meanwhile on any thread: the caller keeps other compiles from starting
-    (``background.quiet``). Not ``on`` inside a compiled region (torch refuses a stance there).
-    Only where ``refusal_works``."""
-    try:
-        stance = torch.compiler.set_stance("fail_on_recompile")
-    except RuntimeError:  # "attempted to set_stance in a torch.compile region"
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        stance.__exit__(None, None, None)
-
-
-def refused(exc: BaseException) -> bool:
-    """``exc`` is the refusal of a call inside ``misses_refused``."""
-    return type(exc) is RuntimeError and str(exc).startswith(_REFUSED)
-
-
-@functools.lru_cache(maxsize=None)
-def refusal_works() -> bool:
-    """Inside ``misses_refused`` a call that a graph takes runs it, and one no graph takes is
-    refused, compiling nothing and running nothing. It sets the process-wide stance for a
-    moment, so it is not among the start-up probes (``FEATURES``): its caller probes where it
-    uses the stance, with no other compile able to start (``whole_graph``)."""
-    def run():
-        c, m, x = _Counter(), _Probed(), torch.randn(2, 3)
-        compiled = torch.compile(nn.Module._call_impl, backend=c, dynamic=False)
-        compiled(m, x)
-        with misses_refused() as on:
-            taken = on and torch.equal(compiled(m, x), m(x))
-            try:
-                compiled(m, torch.randn(4, 3))
-                return False
-            except RuntimeError as exc:
-                return taken and refused(exc) and c.graphs == 1
-    return _probe(run)
-
-
 @functools.lru_cache(maxsize=256)
 def _signature(fn) -> inspect.Signature:
     return inspect.signature(fn)

@@ -1,12 +1,14 @@
 """Torch Compile Speed Settings: widgets in, a WANCOMPILEARGS dict out (no ComfyUI imports)."""
 from __future__ import annotations
 
-from ..compile_core.settings import (BACKGROUND_DEFAULT, UI_MODES, WHOLE_GRAPH_DEFAULT, backend_choices,
-                                     build_compile_args)
+from ..compile_core.settings import BACKGROUND_DEFAULT, UI_MODES, backend_choices, build_compile_args
 from ..compile_core.shapes import POLICIES
 
 # Order matters: UI-format workflows store widget values by position. The first twelve
 # inputs are the original pack's, in its order and with its defaults; new ones go last.
+# Workflows saved by earlier versions may hold an 18th value (the removed ``whole_graph``, a
+# boolean): the frontend ignores values past the last widget, but an input added later at that
+# position would receive it.
 _TIPS = {
     "backend": "torch.compile backend. 'inductor' generates fused kernels (Triton on GPU, C++ on CPU); "
                "'cudagraphs' only records CUDA graphs. Other registered backends follow.",
@@ -50,14 +52,6 @@ _TIPS = {
                           "uses mode 'default' (no autotuning next to the running model). A model "
                           "on the CPU compiles once its sampling run is over (beside the run it "
                           "would share the run's cores).",
-    "whole_graph": "On by default. Once the regional compile has settled, compile the whole model as "
-                   "one graph (blocks nested) in the background when the server is idle; calls its "
-                   "guards accept run it (faster per step where the glue between the blocks "
-                   "matters), any other call runs the regional graphs. Its first calls take turns "
-                   "with the regional graphs, timed, and it stays only if it is not slower. A "
-                   "prompt that comes while it compiles runs the regional graphs. The environment "
-                   "variable TORCH_COMPILE_SPEED_WHOLE_GRAPH, when set, overrides this (1: on, "
-                   "kept without the timing; 0: off).",
 }
 
 
@@ -97,7 +91,6 @@ class TorchCompileSpeedSettings:
             "shape_policy": (list(POLICIES), {"default": "auto"}),
             "declared_shapes": ("STRING", {"default": ""}),
             "background_compile": ("BOOLEAN", {"default": BACKGROUND_DEFAULT}),
-            "whole_graph": ("BOOLEAN", {"default": WHOLE_GRAPH_DEFAULT}),
         }
         return {"required": {k: _tip(k, v) for k, v in required.items()},
                 "optional": {k: _tip(k, v) for k, v in optional.items()}}

@@ -45,11 +45,9 @@ def main() -> int:
             for i in range(args.runs + 1):  # run 0 loads the model
                 eager.append(timed(host, wan_t2v_prompt(name, apply=False, steps=args.steps,
                                                         prefix=f"eager{i}")))
-            compiled_prompt = lambda prefix: wan_t2v_prompt(name, compile_settings=settings, steps=args.steps,
-                                                            prefix=prefix)
             for i in range(args.runs + 1):  # run 0 compiles
-                compiled.append(timed(host, compiled_prompt(f"compiled{i}")))
-            staged = after_the_stage(host, compiled_prompt, args.runs)
+                compiled.append(timed(host, wan_t2v_prompt(name, compile_settings=settings,
+                                                           steps=args.steps, prefix=f"compiled{i}")))
             new_size, _ = timed(host, wan_t2v_prompt(name, compile_settings=settings, steps=args.steps,
                                                      width=160, height=96, length=9, prefix="size"))
         print("restarting ComfyUI on the same directory ...", flush=True)
@@ -59,10 +57,9 @@ def main() -> int:
                                                     prefix="restart"))
             log = host.log_text()  # the log file is appended to, so it holds both servers
     ref = eager[-1][1]
-    err = max(((c[1] - ref).norm() / ref.norm()).item() for c in compiled + staged)
+    err = max(((c[1] - ref).norm() / ref.norm()).item() for c in compiled)
     e_steady = min(t for t, _ in eager[1:])
-    c_regional = min(t for t, _ in compiled[1:])
-    c_steady = min(t for t, _ in staged) if staged else c_regional
+    c_steady = min(t for t, _ in compiled[1:])
     print()
     print(f"ComfyUI {HOST_VERSION}, tiny WAN 2.1: {args.blocks} blocks, dim {args.dim}, {args.steps} "
           f"steps, latent 128x128x5, CPU, settings node defaults (timings per prompt over HTTP)")
@@ -70,15 +67,11 @@ def main() -> int:
     print(f"{'eager, first run (model load)':<44}{eager[0][0]:>9.2f}")
     print(f"{'eager, steady':<44}{e_steady:>9.3f}")
     print(f"{'Apply Torch Compile, first run (cold compile)':<44}{compiled[0][0]:>9.2f}")
-    # (the runs right after the first compile come while the whole-graph stage compiles in the
-    # background on the same cores: the server is idle between them)
-    print(f"{'compiled, during the whole-graph compile':<44}{c_regional:>9.3f}")
     print(f"{'Apply Torch Compile, steady':<44}{c_steady:>9.3f}")
     print(f"{'compiled, new size 160x96x9 (no recompile)':<44}{new_size:>9.2f}")
     print(f"{'compiled, first run after a server restart':<44}{restart:>9.2f}")
     print(f"steady compiled/eager: {c_steady / e_steady:.2f}x   "
           f"max relative L2 vs eager: {err:.1e}")
-    print(f"whole-graph stage: {stage_outcome(log)}")
     for line in log.splitlines():
         if "[TorchCompileSpeed]" in line:
             print("  log:", line.split("[TorchCompileSpeed]", 1)[1].strip())
@@ -92,47 +85,14 @@ def main() -> int:
         import torch
 
         timings = {"eager_first_s": eager[0][0], "eager_steady_s": e_steady, "cold_s": compiled[0][0],
-                   "compiled_steady_s": c_steady, "during_stage_compile_s": c_regional, "new_size_s": new_size,
-                   "restart_s": restart}
+                   "compiled_steady_s": c_steady, "new_size_s": new_size, "restart_s": restart}
         result = {"torch": torch.__version__, "host": HOST_VERSION, "ok": status == 0,
                   "problems": problems(log, err, saved), "rel_l2": err,
                   "saved_regions_available": saved,
                   **{k: round(v, 3) for k, v in timings.items()}, **log_facts(log),
-                  "whole_graph": stage_outcome(log),
                   "args": vars(args)}
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return status
-
-
-STAGE_READY = "as one graph in the background: 1 graph(s)"
-TRIAL_VERDICT = "on the whole graph and"  # the stage's trial: whole vs regional call times
-
-
-def after_the_stage(host, compiled_prompt, runs: int, timeout: float = 900) -> list:
-    """The node's defaults include the whole-graph stage: once the regional compile settled, the
-    whole model compiles as one graph while the server is idle, and its first calls are timed
-    against the regional graphs'. Wait for it, run prompts until the trial decided, then time
-    ``runs`` prompts. Empty when the stage did not compile (the log says why)."""
-    print("waiting for the whole-graph stage to compile in the background ...", flush=True)
-    deadline = time.monotonic() + timeout
-    while not pack_lines(host.log_text(), STAGE_READY):
-        if time.monotonic() > deadline or pack_lines(host.log_text(), "whole-graph compile of"):
-            return []
-        time.sleep(1)
-    for i in range(4):
-        timed(host, compiled_prompt(f"trial{i}"))
-        if pack_lines(host.log_text(), TRIAL_VERDICT):
-            break
-    return [timed(host, compiled_prompt(f"staged{i}")) for i in range(runs)]
-
-
-def stage_outcome(log: str) -> str:
-    """What became of the whole-graph stage, from the log."""
-    verdict_ = pack_lines(log, TRIAL_VERDICT)
-    if verdict_:
-        return _msg(verdict_[0])
-    failed = pack_lines(log, "whole-graph compile of")
-    return _msg(failed[0]) if failed else "did not compile in time (see the log)"
 
 
 def saved_regions_available() -> bool:
@@ -160,7 +120,7 @@ def log_facts(log: str) -> dict:
     """What the pack's log says: compiled or not, graphs (first server, restarted server),
     saved regions used or why not."""
     compiled = [_msg(ln) for ln in pack_lines(log, "compiled WanAttentionBlock")
-                if "graph(s)" in ln and "as one graph" not in ln]  # (the regions, not the stage)
+                if "graph(s)" in ln]
     loaded = [_msg(ln) for ln in pack_lines(log, "saved region(s), no trace")]
     fallback = [_msg(ln) for ln in fallback_lines(log)]
     why_not = [_msg(ln) for ln in log.splitlines() if "[TorchCompileSpeed]" in ln
@@ -172,8 +132,7 @@ def log_facts(log: str) -> dict:
     def count(lines, pattern):
         return sum(int(m.group(1)) for ln in lines for m in [re.search(pattern, ln)] if m)
 
-    restart_compiled = [ln for ln in pack_lines(restart, "compiled WanAttentionBlock")
-                        if "graph(s)" in ln and "as one graph" not in ln]
+    restart_compiled = [ln for ln in pack_lines(restart, "compiled WanAttentionBlock") if "graph(s)" in ln]
     graphs = count(compiled, r"(\d+) graph\(s\)")
     restart_graphs = count(restart_compiled, r"(\d+) graph\(s\)")
     return {"compiled": bool(compiled) and not fallback,

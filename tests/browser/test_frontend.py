@@ -30,8 +30,7 @@ SETTINGS_ORDER = ["backend", "fullgraph", "mode", "dynamic", "dynamo_cache_size_
 ORIGINAL_ORDER = SETTINGS_ORDER[:12]
 PTX_DEPENDENTS = ["ptx_fast_math", "warmup_runs", "ptx_cache_dir"]
 SPEED_OVERRIDES = ["backend", "dynamic"]
-REGIONAL_ONLY = ["whole_graph"]  # greyed out while compile_transformer_blocks_only is off
-DEPENDENTS = PTX_DEPENDENTS + SPEED_OVERRIDES + REGIONAL_ONLY
+DEPENDENTS = PTX_DEPENDENTS + SPEED_OVERRIDES
 
 
 def pack_errors(page):
@@ -66,9 +65,8 @@ def disabled_map(widgets):
     return {w["name"]: w["disabled"] for w in widgets if w["name"] in DEPENDENTS}
 
 
-def expected_disabled(ptx, mode, regional=True):
-    return {**{n: not ptx for n in PTX_DEPENDENTS}, **{n: mode == "speed" for n in SPEED_OVERRIDES},
-            **{n: not regional for n in REGIONAL_ONLY}}
+def expected_disabled(ptx, mode):
+    return {**{n: not ptx for n in PTX_DEPENDENTS}, **{n: mode == "speed" for n in SPEED_OVERRIDES}}
 
 
 # --------------------------------------------------------------------------- registration
@@ -185,24 +183,6 @@ def test_badge_formats_other_states(comfy_page, tiny_wan):
     whole = send({**base, "state": "cold", "regional": False, "region_count": 1, "recompiles": 0})
     assert whole["lines"][1].startswith("whole model") and "0 recompiles" in whole["lines"][1]
 
-    stage = {"state": "ready", "taken": 7, "regional_calls": 1, "refusals": 1, "graphs": 1}
-    staged = send({**base, "state": "reused", "whole_graph": stage})
-    assert "whole graph: ran 7 of 8 calls" in staged["lines"], staged
-    queued = send({**base, "state": "reused", "whole_graph": {**stage, "state": "queued"}})
-    assert "whole graph: compiles when the server is idle" in queued["lines"], queued
-    timing = send({**base, "state": "reused", "whole_graph": {**stage, "timing": True}})
-    assert "whole graph: timing it against the regional graphs" in timing["lines"], timing
-    trial = {"whole_ms": 38.1, "regional_ms": 42.0, "ratio": 0.907}
-    kept = send({**base, "state": "reused", "whole_graph": {**stage, "trial": trial}})
-    assert "whole graph: ran 7 of 8 calls (0.91× the regional time)" in kept["lines"], kept
-    slower = send({**base, "state": "reused",
-                   "whole_graph": {**stage, "state": "slower", "trial": {**trial, "ratio": 1.064}}})
-    assert "whole graph: off, slower than the regional graphs here (1.06×)" in slower["lines"], slower
-    dropped = send({**base, "state": "reused", "whole_graph": {**stage, "state": "failed"}})
-    assert "whole graph: off, regional graphs run (see the log)" in dropped["lines"], dropped
-    off = send({**base, "state": "reused", "whole_graph": None})
-    assert not any(line.startswith("whole graph") for line in off["lines"]), off
-
     compiling = send({**base, "state": "compiling", "graphs": 0, "compile_seconds": 0})
     assert compiling["lines"][0] == "torch.compile: compiling… (first step)"
 
@@ -260,18 +240,16 @@ def test_settings_widgets_grey_out_without_changing_values(comfy_page, settings_
     assert disabled_map(start) == expected_disabled(False, "speed")
     serialized = page.node("tcs_settings", "n.serialize().widgets_values")
 
-    ptx, mode, regional = False, "speed", True
+    ptx, mode = False, "speed"
     for name, value in [("experimental_ptx", True), ("mode", "default"), ("experimental_ptx", False),
-                        ("compile_transformer_blocks_only", False), ("mode", "max-autotune"),
-                        ("compile_transformer_blocks_only", True), ("mode", "speed"), ("experimental_ptx", True)]:
+                        ("mode", "max-autotune"), ("mode", "speed"), ("experimental_ptx", True)]:
         now = page.call(TOGGLE_JS, "tcs_settings", name, value)
         ptx = value if name == "experimental_ptx" else ptx
         mode = value if name == "mode" else mode
-        regional = value if name == "compile_transformer_blocks_only" else regional
         values[name] = value
         assert [w["name"] for w in now] == names, "widget order changed"
         assert {w["name"]: w["value"] for w in now} == values, f"values changed after {name}={value}"
-        assert disabled_map(now) == expected_disabled(ptx, mode, regional), f"after {name}={value}: {now}"
+        assert disabled_map(now) == expected_disabled(ptx, mode), f"after {name}={value}: {now}"
         # No other widget is ever disabled by us.
         assert not any(w["disabled"] for w in now if w["name"] not in DEPENDENTS)
 
@@ -441,6 +419,29 @@ def test_original_pack_ui_workflow_loads_and_runs(comfy_page, settings_spec, var
 
     page.frame([10, 11, 12, 15], zoom=0.9)
     assert_png(page.screenshot(f"original_pack_workflow_{variant}.png"))
+    assert pack_errors(page) == [], pack_errors(page)
+
+
+def test_a_workflow_saved_with_the_removed_whole_graph_widget_loads(comfy_page, settings_spec):
+    """Workflows saved by earlier versions hold one settings value more than the node has widgets
+    (``whole_graph``, the last input then, since removed): the frontend leaves a value past the
+    last widget out, and every other value keeps its widget."""
+    page = comfy_page
+    workflow = json.loads((EXAMPLES / "wan_t2v_compile.json").read_text())
+    settings = next(n for n in workflow["nodes"] if n["type"] == "TorchCompileSpeedSettings")
+    names = settings_spec[0]
+    # the inputs after the example's 14 values, none at its default (a shifted value would show)
+    values = settings["widgets_values"] + ["static", "480x480x1", True]
+    assert len(values) == len(names), names
+    settings["widgets_values"] = values + [True]  # the removed whole_graph's saved value
+    page.evaluate(f"app.loadGraphData({json.dumps(workflow)}, true, true, 'saved_with_whole_graph', "
+                  "{showMissingNodesDialog: false})")
+    widgets = page.widgets(settings["id"])
+    assert [w["name"] for w in widgets] == names
+    assert [w["value"] for w in widgets] == values, widgets
+    assert page.node(settings["id"], "!!n.has_errors") is False
+    prompt = page.evaluate("app.graphToPrompt().then(p => p.output)")
+    assert prompt[str(settings["id"])]["inputs"] == dict(zip(names, values))
     assert pack_errors(page) == [], pack_errors(page)
 
 

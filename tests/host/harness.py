@@ -363,17 +363,6 @@ class ComfyHost:
     def log_tail(self, chars=6000) -> str:
         return self.log_text()[-chars:]
 
-    def wait_for_log(self, needle, since=0, timeout=300.0) -> list[str]:
-        """The pack's log lines (after byte ``since``) that contain ``needle``, once there are any."""
-        deadline = time.monotonic() + timeout
-        while True:
-            lines = pack_lines(self.log_text(since=since), needle)
-            if lines:
-                return lines
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {needle!r} in the log after {timeout} s:\n{self.log_tail()}")
-            time.sleep(0.5)
-
     # -- HTTP API
     def get(self, route, **kw):
         r = requests.get(self.url + route, timeout=kw.pop("timeout", 30), **kw)
@@ -486,13 +475,12 @@ SETTINGS_DEFAULTS = {
     "shape_policy": "auto",
     "declared_shapes": "",
     "background_compile": False,
-    "whole_graph": False,
 }
 
 # What a user gets: the settings node left at its defaults (``speed``: inductor, which Apply
-# compiles in mode default; the whole-graph stage on). Tests that show a headline feature use
-# this (test_foundation checks it against the node's own defaults).
-NODE_DEFAULTS = {"mode": "speed", "whole_graph": True}
+# compiles in mode default). Tests that show a headline feature use this (test_foundation
+# checks it against the node's own defaults).
+NODE_DEFAULTS = {"mode": "speed"}
 
 _nonce = itertools.count(int(time.time() * 1000) % 1_000_000_000)
 

@@ -13,7 +13,6 @@ import pytest
 from harness import NODE_DEFAULTS, ComfyHost, fallback_lines, pack_lines, rel_l2, wan_t2v_prompt
 
 SETTINGS = NODE_DEFAULTS  # the settings node left as it is
-STEPS = 4  # (wan_t2v_prompt's default)
 DISTINCT = 1e-2  # two overrides' eager outputs differ by at least this (rel L2)
 
 
@@ -43,22 +42,10 @@ def check_compiled_run(host, model, override, where, eager, tag):
     assert err < 1e-3, (override, where, err, log[-4000:])
     assert not fallback_lines(log), (override, where, log[-4000:])
     assert not pack_lines(log, "compile failed"), (override, where, log[-4000:])
-    done = [ln.split("[TorchCompileSpeed]")[-1] for ln in pack_lines(log, "WanAttentionBlock")
+    done = [ln for ln in pack_lines(log, "WanAttentionBlock")
             if "compiled" in ln.split("WanAttentionBlock")[0] or "loaded" in ln]
-    # or every call ran compiled graphs that were ready: the regional ones, or the whole-graph
-    # stage's (on in the node's defaults), which compiled in the background
-    status = host.probe(hist)["pack_status"]
-    calls = status["runs"] + (status["whole_graph"] or {}).get("taken", 0)
-    ran, host.compiled_calls = calls - getattr(host, "compiled_calls", 0), calls
-    if ran == STEPS and not done:
-        done.append(f"all {STEPS} calls on compiled graphs ready before (whole graph: {status['whole_graph']})")
-    assert done, (override, where, ran, status["runs"], status["whole_graph"], log[-4000:])
-    print(f"{tag}: {override} {where} Apply: rel L2 {err:.2e}; {done[-1]}")
-    if pack_lines(log, "its regional compile has settled"):
-        # the whole-graph stage compiles once the server is idle: the next run must not come
-        # beside it (calls there that need a graph not run yet in this process run eagerly,
-        # and this test checks what the compiled graphs give)
-        host.wait_for_log("as one graph in the background: 1 graph(s)", offset, timeout=600)
+    assert done, (override, where, log[-4000:])
+    print(f"{tag}: {override} {where} Apply: rel L2 {err:.2e}; {done[-1].split('[TorchCompileSpeed]')[-1]}")
     return out, log
 
 

@@ -18,10 +18,7 @@ from harness import (HOST_VERSION, NODE_DEFAULTS, REPO_ROOT, ComfyHost, fallback
                      pack_lines, rel_l2, wan_t2v_prompt)
 
 GGUF_PACK = REPO_ROOT / ".host" / "ComfyUI-GGUF"
-# the settings node left as it is, but for the whole-graph stage: this tests the regional graphs'
-# saved regions, a LoRA variant's included, and once ready the stage's one graph takes the LoRA
-# prompt (tests/host/test_lora_strength.py), so no LoRA variant would be traced to save
-SETTINGS = {**NODE_DEFAULTS, "whole_graph": False}
+SETTINGS = NODE_DEFAULTS  # the settings node left as it is
 
 
 def gguf_prompt(name, **kw):

@@ -9,12 +9,8 @@ first, in the loading modes where ComfyUI applies the LoRA at every forward.
 Both go through the pack's ``tcs::weight_fetch`` op (``compile_core/weight_fetch.py``) during
 the compiled run. Each strength's output equals eager's at that strength (rel L2 < 1e-3), and
 the regions really compile with inductor (the pack's log says so; no eager fallback).
-
-Both also with the whole-graph stage on (``whole_graph``): once ready, its one graph takes
-every call at every strength.
 """
 import re
-import time
 
 import pytest
 
@@ -25,7 +21,6 @@ from test_gguf import GGUF_PACK, gguf_prompt, require_gguf_loader, with_lora
 from test_reliability_models import model_prompt
 
 STRENGTHS = [1.0, 0.5, -0.7]
-STEPS = 4  # the prompts' sampler steps (harness default)
 SETTINGS = {"backend": "inductor", "mode": "default"}
 
 
@@ -59,30 +54,15 @@ def _check(rows, logs):
         assert err < 1e-3, (s, rows)
 
 
-def _server(base, tiny_wan_path, env=None):
-    """A server with ComfyUI-GGUF, the tiny WAN (and its GGUF) and a LoRA."""
-    h = ComfyHost(base, models=[tiny_wan_path], env=env)
+@pytest.fixture(scope="module")
+def host(tmp_path_factory, tiny_wan_path):
+    """One server for the module, with ComfyUI-GGUF, the tiny WAN (and its GGUF) and a LoRA."""
+    h = ComfyHost(tmp_path_factory.mktemp("lora_strength") / "server", models=[tiny_wan_path])
     h.wan0 = tiny_wan_path.name
     h.lora = h.add_lora(make_tiny_wan_lora(num_layers=2, dim=256))
     if (GGUF_PACK / "nodes.py").is_file():
         ComfyHost._link(GGUF_PACK, h.base_dir / "custom_nodes" / "ComfyUI-GGUF")
-    return h
-
-
-@pytest.fixture(scope="module")
-def host(tmp_path_factory, tiny_wan_path):
-    """One server for the module's tests of the regional graphs."""
-    with _server(tmp_path_factory.mktemp("lora_strength") / "server", tiny_wan_path) as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def stage_host(tmp_path_factory, tiny_wan_path):
-    """One for the whole-graph stage's, forced on (``TORCH_COMPILE_SPEED_WHOLE_GRAPH=1``): kept
-    without its timed trial, whose verdict on this model could go either way (it has tests of
-    its own), so its one graph takes every call once ready."""
-    with _server(tmp_path_factory.mktemp("lora_strength_stage") / "server", tiny_wan_path,
-                 env={"TORCH_COMPILE_SPEED_WHOLE_GRAPH": "1"}) as h:
+    with h:
         yield h
 
 
@@ -93,28 +73,20 @@ def test_lora_strength_under_forced_partial_loading_compiles_once(host):
         h, lambda s: model_prompt(h, lora=s, lowvram_mb=3.0, prefix=f"pe{s}"),
         lambda s: model_prompt(h, compile_settings=SETTINGS, lora=s, where="after", lowvram_mb=3.0,
                                prefix=f"pc{s}"))
-    _assert_lora_in_weight_functions(h.log_text(since=offset))
-    _check(rows, logs)
-
-
-def _assert_lora_in_weight_functions(log):
+    log = h.log_text(since=offset)
     assert "loaded partially" in log and any(  # the LoRA really went into weight_function
         "lowvram patches: " in ln and not ln.endswith("lowvram patches: 0")
         for ln in log.splitlines() if "loaded partially" in ln), log
-
-
-def _gguf_model(h):
-    """The tiny WAN as GGUF Q8_0 on the server (skips where ComfyUI-GGUF cannot load it)."""
-    if not (GGUF_PACK / "nodes.py").is_file():
-        pytest.skip(f"ComfyUI-GGUF is not unpacked at {GGUF_PACK}")
-    pytest.importorskip("gguf")
-    require_gguf_loader(h)
-    return h.add_model(make_tiny_wan_gguf())
+    _check(rows, logs)
 
 
 def test_lora_strength_on_a_gguf_model_compiles_once(host):
     h = host
-    name = _gguf_model(h)
+    if not (GGUF_PACK / "nodes.py").is_file():
+        pytest.skip(f"ComfyUI-GGUF is not unpacked at {GGUF_PACK}")
+    pytest.importorskip("gguf")
+    require_gguf_loader(h)
+    name = h.add_model(make_tiny_wan_gguf())
     rows, logs = _sweep(
         h, lambda s: with_lora(gguf_prompt(name, apply=False, prefix=f"ge{s}"), h.lora, s),
         lambda s: with_lora(gguf_prompt(name, compile_settings=SETTINGS, prefix=f"gc{s}"), h.lora, s))
@@ -147,50 +119,3 @@ def test_lora_strength_with_a_background_compile_under_forced_partial_loading(ho
     assert not pack_lines(log, "recompiled") and not pack_lines(log, "failed"), log
     assert [new for _, new in rows[1:]] == [0] * (len(STRENGTHS) - 1), rows
     assert all(err < 1e-3 for err, _ in rows), rows
-
-
-STAGE = {"backend": "aot_eager", "whole_graph": True}  # the settings node's whole-graph stage
-
-
-def _stage_sweep(h, eager_prompt, compiled_prompt):
-    """The whole-graph stage with a LoRA: the first strength's prompt compiles the regions and
-    queues the stage; once the whole graph is ready, it takes every call at every strength
-    (nothing compiles again) and each output equals eager's at that strength. The log."""
-    offset = h.log_offset()
-    h.run(compiled_prompt(STRENGTHS[0], "q"))
-    deadline = time.monotonic() + 300
-    while not pack_lines(h.log_text(since=offset), "as one graph in the background: 1 graph(s)"):
-        assert time.monotonic() < deadline, h.log_text(since=offset)
-        time.sleep(0.5)
-    before, taken = None, 0
-    for s in STRENGTHS:
-        eager = h.latent(h.run(eager_prompt(s)))
-        probe = h.probe(hist := h.run(compiled_prompt(s, "")))
-        whole = probe["pack_status"]["whole_graph"]
-        assert whole["state"] == "ready" and whole["graphs"] == 1, whole
-        assert whole["taken"] - taken == STEPS and whole["regional_calls"] == 0, (s, whole)
-        taken = whole["taken"]
-        if before is not None:
-            assert new_graphs(counters_delta(before["counters"], probe["counters"])) == 0, s
-        assert rel_l2(h.latent(hist), eager) < 1e-3, s
-        before = probe
-    log = h.log_text(since=offset)
-    assert not pack_lines(log, "recompiled") and not pack_lines(log, "failed"), log
-    return log
-
-
-def test_lora_strength_with_the_whole_graph_stage_under_forced_partial_loading(stage_host):
-    h = stage_host
-    log = _stage_sweep(
-        h, lambda s: model_prompt(h, lora=s, lowvram_mb=3.0, prefix=f"wge{s}"),
-        lambda s, q: model_prompt(h, compile_settings=STAGE, lora=s, where="after", lowvram_mb=3.0,
-                                  prefix=f"wg{q}{s}"))
-    _assert_lora_in_weight_functions(log)
-
-
-def test_lora_strength_with_the_whole_graph_stage_on_a_gguf_model(stage_host):
-    h = stage_host
-    name = _gguf_model(h)
-    _stage_sweep(
-        h, lambda s: with_lora(gguf_prompt(name, apply=False, prefix=f"gwe{s}"), h.lora, s),
-        lambda s, q: with_lora(gguf_prompt(name, compile_settings=STAGE, prefix=f"gw{q}{s}"), h.lora, s))

@@ -11,9 +11,6 @@ CPU = torch.device("cpu")
 def settings(**kw):
     kw.setdefault("backend", "aot_eager")
     kw.setdefault("mode", "default")
-    # the whole-graph stage (on in the node's defaults) has its own tests (test_whole_graph.py):
-    # elsewhere it would add a background compile after each settled model
-    kw.setdefault("whole_graph", False)
     return CompileSettings.from_args(build_compile_args(**kw))
 
 

@@ -506,14 +506,3 @@ def test_each_job_runs_in_a_thread_that_ends_with_it():
     assert thread.name.startswith("tcs-compile") and thread is not background.WORKER._thread
     thread.join(5)
     assert not thread.is_alive()
-
-
-def test_a_deferred_job_waits_for_its_moment_without_holding_up_others():
-    ready = threading.Event()
-    deferred = background.defer(lambda: "late", "optional", ready.is_set)
-    assert not background.busy()  # not pending before it may start: nobody waits for it
-    job = background.submit(lambda: "now", "queued after it")
-    assert job.done.wait(30) and job.result == "now"
-    assert not deferred.done.is_set() and background.wait_idle(1)  # wait_idle does not force it
-    ready.set()
-    assert deferred.done.wait(30) and deferred.result == "late"

@@ -318,7 +318,6 @@ def test_wan_inputs_from_a_latent_shape():
 def settings(**kw):
     kw.setdefault("backend", "aot_eager")
     kw.setdefault("mode", "default")
-    kw.setdefault("whole_graph", False)  # (the stage has its own tests: test_whole_graph.py)
     return CompileSettings.from_args(build_compile_args(**kw))
 
 

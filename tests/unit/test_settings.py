@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from compile_core import scoped
-from compile_core.settings import (NEW_EXTRA_KEYS, CompileArgsError, CompileSettings,
+from compile_core.settings import (NEW_EXTRA_KEYS, RETIRED_KEYS, CompileArgsError, CompileSettings,
                                    backend_choices, build_compile_args, torch_modes)
 
 WAN_KEYS = ["backend", "fullgraph", "mode", "dynamic", "dynamo_cache_size_limit",
@@ -20,7 +20,7 @@ KEY_TYPES = {"backend": str, "fullgraph": bool, "mode": str, "dynamic": bool,
              "allow_unmerged_lora_compile": bool, "reuse_if_similar": bool,
              "experimental_ptx": bool, "ptx_fast_math": bool, "warmup_runs": int,
              "ptx_cache_dir": str, "speed_preset": bool, "shape_policy": str,
-             "declared_shapes": str, "background_compile": bool, "whole_graph": bool}
+             "declared_shapes": str, "background_compile": bool}
 # The 7 keys WanVideoWrapper's consumers index directly.
 WAN_INDEXED = ["dynamo_cache_size_limit", "force_parameter_static_shapes",
                "compile_transformer_blocks_only", "fullgraph", "dynamic", "backend", "mode"]
@@ -66,6 +66,15 @@ def test_dict_has_wan_keys_first_in_order_then_legacy_extras(mode):
     assert not set(NEW_EXTRA_KEYS) & set(WAN_KEYS + LEGACY_KEYS)
     for key in keys:
         assert type(args[key]) is KEY_TYPES[key], (key, args[key])
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_dict_with_a_retired_key_loads_and_ignores_it(value):
+    """Dicts and workflows saved by earlier versions carry ``whole_graph``: accepted and ignored;
+    the key is no longer emitted."""
+    args = build_compile_args()
+    assert not set(RETIRED_KEYS) & set(args)
+    assert CompileSettings.from_args({**args, "whole_graph": value}) == CompileSettings.from_args(args)
 
 
 def test_speed_mode_is_translated_to_a_real_torch_mode():

@@ -5,11 +5,9 @@ Tests named ``*_simulated_*`` monkeypatch a probe's answer to stand for an older
 from __future__ import annotations
 
 import inspect
-import os
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -24,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBES = [tc.compile_works, tc.isolate_recompiles, tc.recompile_limit_kwarg, tc.recompile_limit_knob,
           tc.mark_unbacked, tc.guard_filter_fn, tc.aot_compile_knobs, tc.load_compiled_function,
           tc.backed_size_oblivious_safe, tc.nested_compile_region, tc.cache_artifacts,
-          tc.opaque_weight_fetch, tc.guard_check, tc.refusal_works]
+          tc.opaque_weight_fetch, tc.guard_check]
 
 
 # ----------------------------------------------------------------- this torch
@@ -45,39 +43,6 @@ MEASURED = {(2, 8): {**_OLD, "aot_compile": False, "aot_compile_needs_enable_aot
             (2, 11): {**_ALL, "isolate_recompiles": False, "recompile_limit_kwarg": False,
                       "aot_compile_needs_enable_aot_compile": True, "opaque_weight_fetch": False,
                       "compiles_after_a_thread_ends": False}}  # (2.11.0: see compile_threads)
-
-
-def _stance() -> str:
-    from torch._dynamo import eval_frame
-    return eval_frame._stance.stance
-
-
-def test_a_refused_call_compiles_nothing_and_the_stance_is_put_back(graph_count):
-    with mock.patch.dict(os.environ):  # (torch 2.8 sets its cache-dir variables on a first compile)
-        m = tc._Probed()  # (a module of torch's own, nn.Linear say, is not compiled: its code is skipped)
-        compiled = torch.compile(torch.nn.Module._call_impl, backend="eager", dynamic=False)
-        x = torch.randn(2, 3)
-        compiled(m, x)
-        g = graph_count()
-        with tc.misses_refused() as on:
-            assert on and _stance() == "fail_on_recompile"
-            torch.testing.assert_close(compiled(m, x), m(x))
-            with pytest.raises(RuntimeError) as refusal:
-                compiled(m, torch.randn(4, 3))
-        assert tc.refused(refusal.value) and graph_count() == g and _stance() == "default"
-        assert not tc.refused(RuntimeError("shape mismatch")) and not tc.refused(torch.OutOfMemoryError("x"))
-        compiled(m, torch.randn(4, 3))  # outside, a miss compiles as usual
-        assert graph_count() == g + 1
-
-
-def test_no_refusal_where_torch_sets_no_stance_simulated(monkeypatch):
-    """Inside a compiled region torch refuses to set a stance (FAKE: set_stance raises as it
-    does there): the caller is told, nothing is changed."""
-    def inside_a_compiled_region(*args, **kwargs):
-        raise RuntimeError("attempted to set_stance in a torch.compile region")
-    monkeypatch.setattr(torch.compiler, "set_stance", inside_a_compiled_region)
-    with tc.misses_refused() as on:
-        assert not on and _stance() == "default"
 
 
 def test_this_torch_is_supported():

@@ -78,16 +78,11 @@ class TinyWanVAE(WanVAE):
         self.decoder = nn.Sequential(_Norm(), nn.SiLU(), _Norm())
 
 
-@pytest.mark.parametrize("forced", ["", "1"])
-def test_engine_prepare_takes_the_vae_plan_and_runs_it(monkeypatch, forced):
-    monkeypatch.setenv("TORCH_COMPILE_SPEED_WHOLE_GRAPH", forced)
+def test_engine_prepare_takes_the_vae_plan_and_runs_it():
     vae = TinyWanVAE()
     plan = plan_vae(vae, "decode")
     assert plan.paths == ("decoder.0", "decoder.2")
-    settings = CompileSettings(backend="eager", reuse_if_similar=False)
-    assert settings.whole_graph  # (the default) ...
-    compiled = engine.prepare(vae, settings, plan=plan)
-    assert compiled.whole is None  # ... yet a VAE never gets the whole-graph stage, even forced
+    compiled = engine.prepare(vae, CompileSettings(backend="eager", reuse_if_similar=False), plan=plan)
     assert compiled.plan is plan and compiled.description == "RMS_norm x2"
     x = torch.randn(1, 3, 2, 4, 4)
     out = compiled.run(vae, lambda: vae.decoder(x), torch.device("cpu"))

@@ -5,8 +5,7 @@
 //    sampling run compiled, recompiled or fell back. The last payload is kept on the node as
 //    `node.tcsStatus`, the badge text as `node.tcsBadge` (both read by tests/browser).
 // 2. "Torch Compile Speed Settings" greys out widgets that have no effect: the PTX options while
-//    experimental_ptx is off, backend/dynamic while mode is "speed" (which sets them), and
-//    whole_graph while compile_transformer_blocks_only is off (the stage follows a regional compile).
+//    experimental_ptx is off, and backend/dynamic while mode is "speed" (which sets them).
 //    Widgets are only *disabled*, never removed or reordered, and their values are untouched:
 //    UI-format workflows store widget values by position.
 import { app } from "../../scripts/app.js";
@@ -22,9 +21,8 @@ const DIAGNOSTICS_NODE = "TorchCompileDiagnostics";
 
 const PTX_DEPENDENTS = ["ptx_fast_math", "warmup_runs", "ptx_cache_dir"];
 const SPEED_OVERRIDES = ["backend", "dynamic"];
-const REGIONAL_ONLY = ["whole_graph"];
-const DEPENDENTS = [...PTX_DEPENDENTS, ...SPEED_OVERRIDES, ...REGIONAL_ONLY];
-const DRIVERS = ["experimental_ptx", "mode", "declared_shapes", "compile_transformer_blocks_only"];
+const DEPENDENTS = [...PTX_DEPENDENTS, ...SPEED_OVERRIDES];
+const DRIVERS = ["experimental_ptx", "mode", "declared_shapes"];
 
 const STATES = {
   pending: { label: "pending (not run yet)", color: "#9aa0a6" },
@@ -55,9 +53,6 @@ function inertWidgets(node) {
   }
   if (widget(node, "mode")?.value === "speed") {
     for (const name of SPEED_OVERRIDES) out[name] = "mode 'speed' sets this (inductor, dynamic)";
-  }
-  if (widget(node, "compile_transformer_blocks_only")?.value === false) {
-    for (const name of REGIONAL_ONLY) out[name] = "only after a regional compile (compile_transformer_blocks_only)";
   }
   return out;
 }
@@ -115,22 +110,6 @@ function plural(n, word) {
   return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
 
-/** The whole-graph stage's line (the settings node's whole_graph), or null. */
-function wholeGraphLine(stage) {
-  if (!stage || typeof stage !== "object") return null;
-  const calls = (stage.taken ?? 0) + (stage.regional_calls ?? 0);
-  const ratio = stage.trial && typeof stage.trial.ratio === "number" ? stage.trial.ratio.toFixed(2) : null;
-  switch (stage.state) {
-    case "queued": return "whole graph: compiles when the server is idle";
-    case "ready":
-      if (stage.timing) return "whole graph: timing it against the regional graphs";
-      return `whole graph: ran ${stage.taken ?? 0} of ${plural(calls, "call")}` + (ratio ? ` (${ratio}× the regional time)` : "");
-    case "slower": return `whole graph: off, slower than the regional graphs here (${ratio ?? "?"}×)`;
-    case "failed": return "whole graph: off, regional graphs run (see the log)";
-    default: return null;
-  }
-}
-
 /** The badge for one status payload: {color, lines[]} (plain data, so tests can read it). */
 function badgeFor(status) {
   const st = STATES[status.state] ?? { label: String(status.state), color: "#9aa0a6" };
@@ -153,8 +132,6 @@ function badgeFor(status) {
   if (typeof status.swapped_at === "number") {
     lines.push(`compiled in the background, swapped in at step ${status.swapped_at}`);
   }
-  const whole = wholeGraphLine(status.whole_graph);
-  if (whole) lines.push(whole);
   const detail = [status.backend, status.mode].filter(Boolean).join(" / ");
   if (detail) lines.push(detail);
   return { color: st.color, lines, reason };

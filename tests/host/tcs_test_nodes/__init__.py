@@ -749,8 +749,8 @@ class TCSTestWaitForBackground:
     ``_compiled_call_impl`` is the compiled path (``shapes.shaped_call``) right now, T the
     server's ``perf_counter`` (the benchmark's step times). ``in_graphs`` False: the hook is
     left out of a graph that compiles the diffusion model itself (core's, the pack's whole
-    model, the whole-graph stage), whose calls then log nothing: its clock and log would break
-    that graph in two and slow what is measured."""
+    model), whose calls then log nothing: its clock and log would break that graph in two and
+    slow what is measured."""
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "arm"
