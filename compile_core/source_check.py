@@ -13,6 +13,7 @@ A torch that records no sources cannot bind a region to its code, so nothing is 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import sys
 
@@ -33,6 +34,16 @@ def recorded(fn) -> list[Source] | None:
         return None
 
 
+def _module(name: str):
+    module = sys.modules.get(name)
+    if module is None and name.startswith("torch."):
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - gone in this torch: counts as changed
+            return None
+    return module
+
+
 def digest(lines: list[str]) -> str:
     """torch's checksum of a line range: sha256 of the lines joined as they are."""
     return hashlib.sha256("".join(lines).encode()).hexdigest()
@@ -41,9 +52,10 @@ def digest(lines: list[str]) -> str:
 def changed(sources: list[Source]) -> str:
     """'' when every recorded line range reads the same in the code loaded now, else which one
     differs. A module that is not imported in this process counts as changed: the region then
-    takes the regular path (nothing is imported because a saved file names it)."""
+    takes the regular path. Nothing is imported because a saved file names it, except torch's
+    own modules (dynamo inlines its polyfills, which a new process imports only once it traces)."""
     for module_name, first, last, checksum in sources:
-        module = sys.modules.get(module_name)
+        module = _module(module_name)
         if module is None:
             return f"{module_name} is not loaded here"
         try:
