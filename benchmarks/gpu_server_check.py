@@ -40,12 +40,22 @@ def core_prompt(model_name: str) -> dict:
     return p
 
 
+def error_text(exc) -> str:
+    """The exception ComfyUI reported for a failed prompt (type, message, last frames)."""
+    try:
+        err = ComfyHost.execution_error(exc)
+    except (AssertionError, ValueError, IndexError):
+        return str(exc)[-1500:]
+    frames = "".join(err.get("traceback") or [])[-1200:]
+    return f"{err.get('exception_type')}: {err.get('exception_message', '').strip()}\n{frames}"
+
+
 def timed_run(host: ComfyHost, prompt: dict, timeout: float) -> dict:
     start = time.perf_counter()
     try:
         hist = host.run(prompt, timeout=timeout)
     except (PromptError, TimeoutError) as exc:
-        return {"ok": False, "seconds": round(time.perf_counter() - start, 2), "error": str(exc)[-1500:]}
+        return {"ok": False, "seconds": round(time.perf_counter() - start, 2), "error": error_text(exc)}
     return {"ok": True, "seconds": round(time.perf_counter() - start, 2), "history": hist}
 
 

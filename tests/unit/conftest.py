@@ -152,9 +152,10 @@ def clean_registry():
     REGISTRY.clear()
 
 
-# Not state a test could leak: pytest's own marker, and the handshake inductor writes into
-# os.environ before loading every compiled CPU .so (torch does that with or without this pack).
-_NOT_STATE_ENV = {"PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}
+# Not state a test could leak: pytest's own marker, the handshake inductor writes into
+# os.environ before loading every compiled CPU .so, and the ptxas inductor points Triton at before
+# its first Triton compile (torch does both with or without this pack).
+_NOT_STATE_ENV = {"PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "TRITON_PTXAS_PATH"}
 
 
 def _global_state() -> dict:
