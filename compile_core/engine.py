@@ -182,6 +182,7 @@ class CompiledModel:
     _shapers: dict = dataclasses.field(default_factory=dict)
     _job: background.Job | None = None  # the background compile pending for this model
     _bg_done: bool = False  # its background compile ran (a model call never starts two)
+    _bg_retry: bool = False  # it stopped on something other than a compile failure: try again
     _foreground: int = 0  # inside ``foreground()``: compile on the calling thread
     swapped_at: int | None = None  # the model call at which the background compile took over
     _miss_off: bool = False  # new inputs compile in the foreground (see ``_swap``)
@@ -207,6 +208,7 @@ class CompiledModel:
         outer, self._sampling_run = self._sampling_run, 1
         if not outer:
             background.release_held()  # a previous run's held compile may start beside this one
+            self._retry_background()
         try:
             yield
         finally:
@@ -358,6 +360,10 @@ class CompiledModel:
         pending; on its graphs, where built, while another model's runs: ``beside``), or None
         when the call takes the compiled path (the job is done: swapped in here)."""
         job = self._job
+        if not self._sampling_run:  # (outside a sampling run: each call is a run of its own)
+            self._retry_background()
+        if self._bg_retry:  # its compile stopped (``_swap``): eagerly until the next run
+            return (call(),)
         if job is None and self.entry.graphs == 0 and not self._bg_done:
             out = self._start_background(diffusion_model, call, device)
             return (out,)
@@ -365,7 +371,7 @@ class CompiledModel:
         # process-wide cache environment
         if job is not None and job.done.is_set() and not background.busy():
             self._swap(job)
-            return None if not self.entry.failed else (call(),)
+            return (call(),) if self.entry.failed or self._bg_retry else None
         if job is not None and not job.done.is_set():  # this model's compile runs: eagerly
             job.eager_calls += 1
             try:
@@ -441,6 +447,13 @@ class CompiledModel:
     def _swap(self, job) -> None:
         """At a step boundary: the background compile is done; say so, or fall back."""
         self._job, self._bg_done, self.changed = None, True, True
+        if job.error is not None and not fallback.is_compile_failure(job.error):
+            # out of memory, an interrupt, a model error: nothing wrong with the compile itself
+            self._bg_retry = True
+            log.warning("the background compile of %s stopped (%s: %s): it runs eagerly (output "
+                        "unchanged) and compiles again at its next sampling run", self.description,
+                        type(job.error).__name__, str(job.error).splitlines()[0][:200] if str(job.error) else "")
+            return
         if job.error is not None:
             self.entry.failed = self.entry.failed or fallback.explain(job.error)
             log.warning("torch.compile failed in the background, so this model keeps running "
@@ -455,6 +468,12 @@ class CompiledModel:
         log.info("background compile of %s done in %.1f s; swapped in at model call %d "
                  "(%d call(s) ran eagerly meanwhile)", self.description, job.seconds,
                  job.eager_calls + 1, job.eager_calls)
+
+    def _retry_background(self) -> None:
+        """A background compile that stopped on something other than a compile failure
+        (``_swap``) starts again with this run's first call."""
+        if self._bg_retry and self._job is None:
+            self._bg_retry = self._bg_done = False
 
     def _scope(self, on_cuda: bool) -> tuple[scoped.Scope, dict]:
         """(``scoped.Scope``, PTX env) of a run on CUDA or not: computed on the first

@@ -125,6 +125,41 @@ def test_a_failing_background_compile_warns_once_and_eager_goes_on(wan, wan_inpu
     assert raising_backend.calls == 1
 
 
+def test_an_out_of_memory_in_the_background_compile_retries_at_the_next_run(wan, wan_inputs, monkeypatch,
+                                                                         graph_count, pack_log):
+    """Only a compile failure ends compiling for a model: a (FAKE) out-of-memory raised by the
+    worker's compile leaves the model eager for now, says so once, and the next sampling run
+    compiles it again; the badge never says eager fallback."""
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    ref = eager(model, x, t)
+    cm = engine.prepare(model, _bg())
+    original, raised = cm._compile_captured, []
+
+    def out_of_memory_once(*a):
+        if not raised:
+            raised.append(True)
+            raise torch.OutOfMemoryError("FAKE: CUDA out of memory")
+        return original(*a)
+    monkeypatch.setattr(cm, "_compile_captured", out_of_memory_once)
+    with cm.sampling_run():
+        torch.testing.assert_close(run(cm, model, x, t), ref)  # captured, queued
+        _wait_done(cm)
+        torch.testing.assert_close(run(cm, model, x, t), ref)  # the job stopped: eager
+        torch.testing.assert_close(run(cm, model, x, t), ref)
+    assert not cm.entry.failed and cm.entry.graphs == 0
+    assert status_payload(cm)["state"] != "failed"
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and "OutOfMemoryError" in warnings[0] and "compiles again" in warnings[0]
+    g0 = graph_count()
+    with cm.sampling_run():
+        torch.testing.assert_close(run(cm, model, x, t), ref)  # captured again, queued
+        _wait_done(cm)
+        torch.testing.assert_close(run(cm, model, x, t), ref)  # swapped in
+    assert cm.entry.graphs == 1 and graph_count() - g0 == 1 and not cm.entry.failed
+    assert len(pack_log.warnings()) == 1
+
+
 def test_two_models_queue_on_the_one_worker(wan_factory, wan_inputs):
     a_cls, b_cls = wan_factory("WanA"), wan_factory("WanB")
     a, b = a_cls.Model(n_blocks=2).eval(), b_cls.Model(n_blocks=2, dim=48).eval()
