@@ -83,11 +83,11 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
              policy: str = "auto", whole_model: bool = False,
              fast: precompiled.Precompiled | None = None,
              shapers: dict[type, shapes.InputShaper] | None = None,
-             miss=None) -> Iterator[None]:
+             miss=None, failures: list | None = None) -> Iterator[None]:
     """Route each module's ``__call__`` through ``compiled`` (or ``fast`` where it has the
     region) for the duration of the block, with its inputs prepared by the shape policy.
     ``shapers`` (per region class) may be kept by the caller from one call to the next;
-    ``miss``: see ``shapes.shaped_call``."""
+    ``miss``: see ``shapes.shaped_call``; ``failures``: see ``_eager_on_failure``."""
     saved = []
     shapers = {} if shapers is None else shapers
     memo: dict = {}  # inputs every block receives are prepared once per call (shapes.InputShaper)
@@ -95,7 +95,8 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
         for m in modules:
             shaper = _shaper(shapers, m, family, policy, whole_model)
             saved.append((m, m.__dict__.get("_compiled_call_impl", _MISSING)))
-            m.__dict__["_compiled_call_impl"] = shapes.shaped_call(compiled, m, shaper, fast, memo, miss)
+            region = shapes.shaped_call(compiled, m, shaper, fast, memo, miss)
+            m.__dict__["_compiled_call_impl"] = region if failures is None else _eager_on_failure(region, m, failures)
         yield
     finally:
         for m, prev in saved:
@@ -103,6 +104,25 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
                 m.__dict__.pop("_compiled_call_impl", None)
             else:
                 m.__dict__["_compiled_call_impl"] = prev
+
+
+def _eager_on_failure(region: Callable, module: nn.Module, failures: list) -> Callable:
+    """``region``, except that a compile failure it raises is added to ``failures`` and the
+    region runs eagerly in its place, as does every region after it in the same model call:
+    the model call goes on, and nothing outside the regions (ComfyUI's wrappers, a cache
+    patch's step state) runs twice. The failing region's own forward may run twice where its
+    compiled code failed after a graph break; a region is a block (or the diffusion model),
+    whose forward only computes its output."""
+    def call(*args, **kwargs):
+        if not failures:
+            try:
+                return region(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - classified right below
+                if not fallback.is_compile_failure(exc):
+                    raise
+                failures.append(exc)
+        return module._call_impl(*args, **kwargs)
+    return call
 
 
 def _shaper(shapers: dict, module: nn.Module, family: str, policy: str, whole_model: bool):
@@ -250,11 +270,11 @@ class CompiledModel:
         p = self._begin_compile(modules, device, keep_keys=self._sampling_run > 1, scope=scope, warm=warm)
         self._sampling_run += self._sampling_run == 1  # the run's first call keyed them
         miss = self._miss_probe()
-        failure = ""
+        failure, failures = "", []
         try:
             with (contextlib.nullcontext() if p.lazy_scope else scope.active()), \
                     attached(modules, self.entry.compiled, self.plan.family, self.settings.shape_policy,
-                             not self.plan.regional, p.fast, self._shapers, miss):
+                             not self.plan.regional, p.fast, self._shapers, miss, failures):
                 self._probe_isa(p, device)
                 if warm:
                     secs = warmup.warm(call, self.settings.warmup_runs, device)
@@ -266,23 +286,27 @@ class CompiledModel:
             if not fallback.is_compile_failure(exc):
                 raise
             failure = fallback.explain(exc)
-        if failure:
+        if failures and not failure:
             # Eager is the judge: dynamo also wraps the model's own errors found while tracing
-            # (e.g. a shape mismatch, as TorchRuntimeError). If the eager call fails too, that
-            # error propagates unchanged and compile stays on; only a compile-only failure
-            # disables it (for every model sharing this entry).
-            out = call()
-            self.entry.failed = failure
-            log.warning("torch.compile failed, so this model now runs eagerly (output unchanged). %s",
-                        failure)
-            self.changed = True
-            return out
+            # (e.g. a shape mismatch, as TorchRuntimeError); the region's eager run raised none,
+            # so only the compile failed. It disables compile for every model sharing this entry.
+            return self._fell_back(fallback.explain(failures[0]), out, "the block call it failed "
+                                   "in ran eagerly in its place; the model call went on")
+        if failure:  # outside the regions (before any ran): the model call runs again, eagerly
+            return self._fell_back(failure, call(), "the model call ran again, eagerly")
         first, self._ran = not self._ran, True
         self.changed = self._finish_compile(p, device) or first or self.changed  # (a swap)
         if miss is not None and miss.captured:
             self._queue(list(miss.captured.values()), device, "a new input")
             log.info("%d region call(s) of %s got an input no compiled graph takes: they ran "
                      "eagerly, and it compiles in the background", miss.eager_regions, self.description)
+        return out
+
+    def _fell_back(self, failure: str, out, how: str):
+        self.entry.failed = failure
+        log.warning("torch.compile failed, so this model now runs eagerly (output unchanged; %s). %s",
+                    how, failure)
+        self.changed = True
         return out
 
     def _begin_compile(self, modules: list[nn.Module], device: torch.device, keep_keys: bool = False,

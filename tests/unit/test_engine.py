@@ -319,6 +319,27 @@ def test_dropping_the_model_frees_it(wan, wan_inputs):
     assert cm.fingerprint in REGISTRY  # the entry itself lives on for reuse
 
 
+def test_a_failing_compiled_call_runs_the_models_forward_once(wan, wan_inputs, raising_backend, pack_log):
+    """What ran before the failing block (and ComfyUI's wrappers around the call: a cache
+    patch's step state) must not run again: the blocks fall back where the compile failed."""
+    model = wan.Model(n_blocks=3).eval()
+    x, t = wan_inputs()
+    ref = eager(model, x, t)
+    forward, calls = model.forward, []
+
+    def counted(*a, **k):
+        calls.append(1)
+        return forward(*a, **k)
+    model.forward = counted
+    cm = engine.prepare(model, settings(backend=raising_backend.name))
+    torch.testing.assert_close(run(cm, model, x, t), ref)
+    assert len(calls) == 1 and raising_backend.calls == 1 and cm.entry.failed
+    warnings = pack_log.warnings()
+    assert len(warnings) == 1 and "ran eagerly in its place" in warnings[0], warnings
+    torch.testing.assert_close(run(cm, model, x, t), ref)
+    assert len(calls) == 2 and raising_backend.calls == 1
+
+
 def test_dropping_the_model_frees_it_after_a_fallback(wan, wan_inputs, raising_backend):
     model = wan.Model(n_blocks=2).eval()
     x, t = wan_inputs()
