@@ -76,7 +76,7 @@ class TorchCompileSpeedSettings:
             "fullgraph": ("BOOLEAN", {"default": False}),
             "mode": (list(UI_MODES), {"default": "speed"}),
             "dynamic": ("BOOLEAN", {"default": False}),
-            "dynamo_cache_size_limit": ("INT", {"default": 64, "min": 0, "max": 1024, "step": 1}),
+            "dynamo_cache_size_limit": ("INT", {"default": 64, "min": 1, "max": 1024, "step": 1}),
             "compile_transformer_blocks_only": ("BOOLEAN", {"default": True}),
             "reuse_if_similar": ("BOOLEAN", {"default": True}),
             "experimental_ptx": ("BOOLEAN", {"default": False}),
@@ -85,7 +85,7 @@ class TorchCompileSpeedSettings:
         }
         optional = {
             "ptx_cache_dir": ("STRING", {"default": ""}),
-            "dynamo_recompile_limit": ("INT", {"default": 128, "min": 0, "max": 1024, "step": 1}),
+            "dynamo_recompile_limit": ("INT", {"default": 128, "min": 1, "max": 1024, "step": 1}),
             "force_parameter_static_shapes": ("BOOLEAN", {"default": False}),
             "allow_unmerged_lora_compile": ("BOOLEAN", {"default": False}),
             "shape_policy": (list(POLICIES), {"default": "auto"}),
