@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import log
+from . import fallback, log
 
 MAX_CAPTURED = 16  # region variants whose inputs one capture keeps (identical blocks share one)
 # Serialises the moments the worker's compile scope sets or restores the process-wide
@@ -53,6 +53,7 @@ class Job:
         self.context = contextvars.copy_context()
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.failure = ""  # ``error`` explained, where it is a compile failure (``fallback``)
         self.queued = time.perf_counter()
         self.seconds = 0.0  # how long the worker ran it
         self.eager_calls = 0  # model calls that ran eagerly while it was pending
@@ -66,13 +67,19 @@ class Job:
         try:
             self.result = self.context.run(self.fn)
         except BaseException as exc:  # noqa: BLE001 - the engine reports it (one warning)
-            self.error = exc
+            # classified while its frames are there; then they go (they hold the captured inputs)
+            self.failure = fallback.explain(exc) if fallback.is_compile_failure(exc) else ""
+            self.error = exc.with_traceback(None)
         finally:
             self.seconds = time.perf_counter() - start
+            # what it ran holds the model's modules and inputs: a done job must not keep the
+            # model alive once ComfyUI lets it go (the engine keeps the job until its swap)
+            self.fn = self.context = None
             self.done.set()
-        if self.on_done is not None:
+        on_done, self.on_done = self.on_done, None
+        if on_done is not None:
             try:
-                self.on_done()
+                on_done()
             except Exception as exc:  # noqa: BLE001 - a notification must not stop the worker
                 log.warn_once("job-on-done", "after the background compile of %s: %s: %s",
                               self.label, type(exc).__name__, exc)
@@ -134,6 +141,7 @@ class _Worker:
                     self._pending -= 1
                     self._jobs.remove(job)
                     self._idle.notify_all()
+                job = None  # (not held while the loop waits for the next one)
 
 
 def _in_own_thread(fn: Callable[[], None], label: str) -> None:

@@ -471,7 +471,7 @@ class CompiledModel:
     def _swap(self, job) -> None:
         """At a step boundary: the background compile is done; say so, or fall back."""
         self._job, self._bg_done, self.changed = None, True, True
-        if job.error is not None and not fallback.is_compile_failure(job.error):
+        if job.error is not None and not job.failure:
             # out of memory, an interrupt, a model error: nothing wrong with the compile itself
             self._bg_retry = True
             log.warning("the background compile of %s stopped (%s: %s): it runs eagerly (output "
@@ -479,7 +479,7 @@ class CompiledModel:
                         type(job.error).__name__, str(job.error).splitlines()[0][:200] if str(job.error) else "")
             return
         if job.error is not None:
-            self.entry.failed = self.entry.failed or fallback.explain(job.error)
+            self.entry.failed = self.entry.failed or job.failure
             log.warning("torch.compile failed in the background, so this model keeps running "
                         "eagerly (output unchanged). %s", self.entry.failed)
             return

@@ -127,3 +127,26 @@ def test_models_on_the_saved_region_path_are_freed_too(tmp_path, monkeypatch):
     assert not alive, (f"{len(alive)} of {len(refs)} still alive, e.g. {type(alive[0]).__name__}: held by "
                        f"{[type(o).__name__ for o in gc.get_referrers(alive[0])][:8]}")
     assert entry_refs[0]() is None  # the evicted entry went with its saved-region functions
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+def test_a_model_compiled_in_the_background_is_freed_once_dropped(wan, swapped):
+    """The worker's last job (its captured inputs, the compile it ran, its notification) must
+    not keep the model alive after it is dropped: a server that switches checkpoints frees the
+    old weights. ``swapped``: dropped after its compiled graphs took over, else while the
+    finished job still waits to be swapped in."""
+    from compile_core import background
+    model = wan.Model(n_blocks=2).eval()
+    x, t = torch.randn(1, 6, 8), torch.rand(1)
+    cm = engine.prepare(model, settings(background_compile=True))
+    cm.on_background_done = lambda: cm.description  # (the bridge's badge refresh holds the model too)
+    with torch.no_grad():
+        cm.run(model, lambda: model(x, t), CPU)
+        assert background.wait_idle(120)
+        if swapped:
+            cm.run(model, lambda: model(x, t), CPU)
+            assert cm.swapped_at == 2
+    refs = [weakref.ref(model), weakref.ref(model.blocks[0].qkv.weight)]
+    del model, cm
+    gc.collect()
+    assert [r() is None for r in refs] == [True, True]
