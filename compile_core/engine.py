@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+import weakref
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -125,6 +126,24 @@ def _eager_on_failure(region: Callable, module: nn.Module, failures: list) -> Ca
     return call
 
 
+def _queued_compile(ref: "weakref.ref[CompiledModel]", device: torch.device) -> int:
+    """A queued background compile: it reaches its model only through ``ref``, so a job that
+    waits (held until the server is idle, or behind another) keeps nothing alive, and one whose
+    model ComfyUI let go is dropped."""
+    cm = ref()
+    if cm is None or cm._captured is None:
+        log.info("a queued background compile was dropped: its model is gone")
+        return 0
+    (captured, context), cm._captured = cm._captured, None
+    return cm._compile_captured(captured, device, context)
+
+
+def _background_done(ref: "weakref.ref[CompiledModel]") -> None:
+    cm = ref()
+    if cm is not None and cm.on_background_done is not None:
+        cm.on_background_done()
+
+
 def _shaper(shapers: dict, module: nn.Module, family: str, policy: str, whole_model: bool):
     """The kept ``InputShaper`` of the module's class, made on first use."""
     shaper = shapers.get(type(module))
@@ -207,6 +226,7 @@ class CompiledModel:
     swapped_at: int | None = None  # the model call at which the background compile took over
     _miss_off: bool = False  # new inputs compile in the foreground (see ``_swap``)
     _worker_context: Callable | None = None  # of the current call (see ``run``)
+    _captured: tuple | None = None  # (captured region calls, worker context) the queued job takes
     _sampling_run: int = 0  # 0: outside ``sampling_run``, 1: at its first call, 2: after it
     # called on the worker when a background compile of this model is done (the bridge sends
     # the badge's status: a held compile ends after its run, when no model call would)
@@ -426,11 +446,11 @@ class CompiledModel:
             and not (fast and fast.saved([c.module for c in captured], device))
         if not hold:  # before the worker starts (a held job does it there, after the run)
             torch_compat.warm_fx_tracers()
-        self._job = background.submit(
-            functools.partial(self._compile_captured, captured, device, self._worker_context),
-            self.description, hold=hold)
+        self._captured = (captured, self._worker_context)
+        self._job = background.submit(functools.partial(_queued_compile, weakref.ref(self), device),
+                                      self.description, hold=hold)
         self._job.eager_calls, self._job.what, self.changed = 1, what, True
-        self._job.on_done = self.on_background_done
+        self._job.on_done = functools.partial(_background_done, weakref.ref(self))
         if hold:
             log.info("%s runs on the CPU, whose cores its eager steps use: its background "
                      "compile starts once this sampling run is over (when the server is idle, or "

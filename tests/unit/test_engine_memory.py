@@ -150,3 +150,22 @@ def test_a_model_compiled_in_the_background_is_freed_once_dropped(wan, swapped):
     del model, cm
     gc.collect()
     assert [r() is None for r in refs] == [True, True]
+
+
+def test_a_held_background_compile_of_a_dropped_model_is_dropped(wan, pack_log):
+    """On the CPU a sampling run's background compile is held until the server is idle; a
+    model ComfyUI lets go meanwhile is freed at once, and its job compiles nothing."""
+    from compile_core import background
+    model = wan.Model(n_blocks=2).eval()
+    x, t = torch.randn(1, 6, 8), torch.rand(1)
+    cm = engine.prepare(model, settings(background_compile=True))
+    with torch.no_grad(), cm.sampling_run():
+        cm.run(model, lambda: model(x, t), CPU)
+    job = cm._job
+    assert job is not None and not job.released.is_set()  # held
+    refs = [weakref.ref(model), weakref.ref(model.blocks[0].qkv.weight), weakref.ref(cm)]
+    del model, cm
+    gc.collect()
+    assert [r() is None for r in refs] == [True, True, True]
+    assert background.wait_idle(60) and job.error is None and job.result == 0
+    assert any("dropped: its model is gone" in m for m in pack_log.infos())
