@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
 import time
@@ -255,10 +256,12 @@ class ComfyHost:
 
     def __init__(self, base_dir, *, models=(), cross_attention=True, extra_args=(), env=None,
                  port=None, omp_threads=1, with_pack=True, with_test_nodes=True, new_container=False,
-                 cpu=True):
+                 cpu=True, comfy_dir=None):
         """``new_container``: TMPDIR and HOME are new empty folders, as in a freshly started
         container that kept only ComfyUI's folder (torch's default caches live under them).
-        ``cpu=False``: ComfyUI picks its device itself (``tests/gpu``, on a GPU)."""
+        ``cpu=False``: ComfyUI picks its device itself (``tests/gpu``, on a GPU).
+        ``comfy_dir``: another ComfyUI folder than the host's (``host_copy``)."""
+        self.comfy_dir = Path(comfy_dir or COMFY_DIR)
         self.base_dir = Path(base_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -314,7 +317,7 @@ class ComfyHost:
             raise RuntimeError("already started")
         log = open(self.log_path, "ab")
         try:
-            self.proc = subprocess.Popen(self.args, cwd=COMFY_DIR, env=self.env, stdout=log,
+            self.proc = subprocess.Popen(self.args, cwd=self.comfy_dir, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, preexec_fn=die_with_parent)
         finally:
@@ -453,6 +456,35 @@ class ComfyHost:
             if item[0] == "execution_error":
                 return item[1]
         raise AssertionError(f"no execution_error in: {text}")
+
+
+def host_copy(dest, relative: str) -> Path:
+    """A copy of the host's ComfyUI folder at ``dest`` in which the file ``relative`` is a file
+    of its own, for a test to change (what a ComfyUI update does to a model file). Folders off
+    that file's path are links to the host's; files beside it are copies (a script's folder is
+    its real path, so ``main.py`` must be a file here)."""
+    dest = Path(dest)
+    target = COMFY_DIR / relative
+    on_path = {COMFY_DIR, *target.parents}
+    for src in [COMFY_DIR, *(p for p in reversed(target.parents) if COMFY_DIR in p.parents)]:
+        here = dest / src.relative_to(COMFY_DIR)
+        here.mkdir(parents=True, exist_ok=True)
+        for entry in src.iterdir():
+            if entry in on_path or entry.name == "__pycache__":
+                continue
+            if entry.is_dir():
+                (here / entry.name).symlink_to(entry, target_is_directory=True)
+            else:
+                shutil.copy2(entry, here / entry.name)
+    return dest
+
+
+def replace_in_file(path, old: str, new: str) -> None:
+    path = Path(path)
+    text = path.read_text()
+    if old not in text:
+        raise ValueError(f"{old!r} is not in {path}")
+    path.write_text(text.replace(old, new, 1))
 
 
 # --------------------------------------------------------------------------- workflows
