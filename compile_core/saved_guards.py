@@ -188,8 +188,9 @@ def describe(value: object) -> str:
     if isinstance(value, (types.FunctionType, types.MethodType)):
         fn = getattr(value, "__func__", value)
         code = fn.__code__
-        return (f"function {fn.__module__}.{fn.__qualname__} {code.co_filename}:{code.co_firstlineno} "
-                f"{code_digest(code)}")
+        # (not its file: the same code installed at another path, a fleet worker's, is the same;
+        # its source lines are bound by ``source_check``)
+        return f"function {fn.__module__}.{fn.__qualname__} {code_digest(code)}"
     if isinstance(value, type):
         return f"class {value.__module__}.{value.__qualname__}"
     if callable(value) and hasattr(value, "__qualname__"):

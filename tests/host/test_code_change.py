@@ -64,3 +64,20 @@ def test_a_fleet_worker_on_the_new_code_does_not_run_an_old_workers_entry(tmp_pa
     assert rel_l2(new_eager, old_eager) > 0.05
     assert rel_l2(new, new_eager) < 1e-3, log
     assert len(pack_lines(log, CHANGED)) == 1 and not fallback_lines(log), log
+
+
+@pytest.mark.slow
+def test_a_fleet_worker_with_the_same_code_at_another_path_traces_nothing(tmp_path, tiny_wan_path, comfy_copy):
+    """The saved regions are bound to the code, not to where it is installed: a worker whose
+    ComfyUI lives in another folder loads them without a trace."""
+    shared = tmp_path / "network_volume"
+    logs = []
+    for name, comfy_dir in (("first", None), ("second", comfy_copy)):
+        env = {"TORCH_COMPILE_SPEED_SHARED_CACHE": str(shared),
+               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"{name}_inductor")}
+        with ComfyHost(tmp_path / name, models=[tiny_wan_path], env=env, comfy_dir=comfy_dir) as host:
+            compiled, eager, log = compiled_and_eager(host, tiny_wan_path.name)
+            assert rel_l2(compiled, eager) < 1e-3, log
+            logs.append(log)
+    assert "published" in logs[0]
+    assert pack_lines(logs[1], "saved region(s), no trace") and not pack_lines(logs[1], "not used"), logs[1]
