@@ -122,6 +122,15 @@ def write_md(res: dict, path: Path) -> None:
             return f"ok, {s.get(k + '_s')} s" if s.get(k + "_ok") else "FAILED"
         L.append(f"| {name} | {ok('eager')} | {ok('core')} | {ok('defaults')} | {s.get('defaults_compiled')} | "
                  f"{fmt(s.get('defaults_rel_l2'), '.1e')} | {fmt(s.get('core_rel_l2'), '.1e')} |")
+    L += ["", "Server memory after each prompt (peak VRAM torch allocated during it; device VRAM in use "
+          "and the server's resident RAM after it):", "",
+          "| memory path | prompt | peak VRAM GB | VRAM in use GB | RAM GB |", "|---|---|---|---|---|"]
+    for name, s in res.get("server", {}).items():
+        for prompt in ("eager", "core", "defaults"):
+            m = s.get(f"{prompt}_memory") or {}
+            if m:
+                L.append(f"| {name} | {prompt} | {fmt(m.get('cuda_peak_gb'))} | {fmt(m.get('cuda_used_gb'))} | "
+                         f"{fmt(m.get('rss_gb'))} |")
     b = res.get("bench", {})
     L += ["", f"## Speed: {b.get('model')}, {b.get('blocks')} blocks, bf16, latent {b.get('latent')} "
           f"({b.get('tokens')} tokens)", "",

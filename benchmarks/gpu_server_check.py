@@ -75,6 +75,8 @@ def check_path(base: Path, model: Path, extra_args: list, cpu: bool, timeout: fl
         for name, run in (("eager", eager), ("core", core), ("defaults", defaults)):
             out[f"{name}_ok"] = run["ok"]
             out[f"{name}_s"] = run["seconds"]
+            if run["ok"]:  # the server's memory after the prompt (peak VRAM during it)
+                out[f"{name}_memory"] = host.probe(run["history"]).get("memory")
             if not run["ok"]:
                 out[f"{name}_error"] = run["error"]
             elif reference is not None and name != "eager":

@@ -86,11 +86,24 @@ class TCSTestProbe:
 
     def probe(self, samples, label, model=None):
         counters = _plain_counters()
-        report = {"label": label, "counters": counters,
+        report = {"label": label, "counters": counters, "memory": _memory(),
                   "stats": counters.get("stats", {}), "recompiles": counters.get("recompiles", {})}
         if model is not None:
             report.update(_model_report(model))
         return {"ui": {"probe": [report]}}
+
+
+def _memory() -> dict:
+    """The server process's resident memory, and on CUDA the peak torch allocated since the
+    previous probe (then reset) and what the device has in use now (comfy-aimdo's memory too)."""
+    import psutil
+    out = {"rss_gb": psutil.Process().memory_info().rss / 2 ** 30}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        free, total = torch.cuda.mem_get_info()
+        out.update(cuda_peak_gb=torch.cuda.max_memory_allocated() / 2 ** 30,
+                   cuda_used_gb=(total - free) / 2 ** 30)
+        torch.cuda.reset_peak_memory_stats()
+    return out
 
 
 def _model_report(patcher):
