@@ -119,7 +119,8 @@ def write_md(res: dict, path: Path) -> None:
             continue
 
         def ok(k):
-            return f"ok, {s.get(k + '_s')} s" if s.get(k + "_ok") else "FAILED"
+            error = (s.get(k + "_error") or "").strip().splitlines()
+            return f"ok, {s.get(k + '_s')} s" if s.get(k + "_ok") else f"FAILED: {error[0][:120] if error else ''}"
         L.append(f"| {name} | {ok('eager')} | {ok('core')} | {ok('defaults')} | {s.get('defaults_compiled')} | "
                  f"{fmt(s.get('defaults_rel_l2'), '.1e')} | {fmt(s.get('core_rel_l2'), '.1e')} |")
     L += ["", "Server memory after each prompt (peak VRAM torch allocated during it; device VRAM in use "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import threading
@@ -40,14 +41,19 @@ def core_prompt(model_name: str) -> dict:
     return p
 
 
+# an installed file's path up to its package or ComfyUI folder (no machine's folders in results)
+_INSTALL_PREFIX = re.compile(r"/[^\s\"']*/(?:site-packages|dist-packages|comfyui-[0-9.]+|ComfyUI|torchinductor_[^/\s]*)/")
+
+
 def error_text(exc) -> str:
-    """The exception ComfyUI reported for a failed prompt (type, message, last frames)."""
+    """The exception ComfyUI reported for a failed prompt (type, message, last frames), with
+    paths relative to their package or ComfyUI folder."""
     try:
         err = ComfyHost.execution_error(exc)
     except (AssertionError, ValueError, IndexError):
-        return str(exc)[-1500:]
+        return _INSTALL_PREFIX.sub("", str(exc)[-1500:])
     frames = "".join(err.get("traceback") or [])[-1200:]
-    return f"{err.get('exception_type')}: {err.get('exception_message', '').strip()}\n{frames}"
+    return _INSTALL_PREFIX.sub("", f"{err.get('exception_type')}: {err.get('exception_message', '').strip()}\n{frames}")
 
 
 def timed_run(host: ComfyHost, prompt: dict, timeout: float) -> dict:
@@ -82,7 +88,7 @@ def check_path(base: Path, model: Path, extra_args: list, cpu: bool, timeout: fl
             elif reference is not None and name != "eager":
                 out[f"{name}_rel_l2"] = rel_l2(host.latent(run["history"]), reference)
         out["defaults_compiled"] = bool(defaults["ok"] and pack_lines(log, COMPILED) and not fallback_lines(log))
-        out["pack_lines"] = pack_lines(log)[:20]
+        print(f"[{base.name}] the pack's lines during the defaults prompt:", *pack_lines(log)[:20], sep="\n")
     return out
 
 
@@ -109,8 +115,7 @@ def main() -> int:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "pack_lines"} for k, v in results.items()},
-                     indent=1))
+    print(json.dumps(results, indent=1))
     return 0
 
 
