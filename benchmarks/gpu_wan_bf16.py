@@ -291,11 +291,18 @@ def worker(args) -> dict:
 
 # --------------------------------------------------------------------------- driver
 
+def _rel(path: str) -> str:
+    """``path`` relative to the repository, or its bare name outside it (results name no
+    machine's folders)."""
+    absolute = Path(os.path.abspath(path))  # (not resolved: .venv/bin/python is a link out)
+    return str(absolute.relative_to(REPO_ROOT)) if absolute.is_relative_to(REPO_ROOT) else absolute.name
+
+
 def environment(args) -> dict:
     import torch
     env = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
            "torch": torch.__version__, "cuda": torch.version.cuda,
-           "command": " ".join([sys.executable, *sys.argv])}
+           "command": " ".join([_rel(sys.executable), _rel(sys.argv[0]), *sys.argv[1:]])}
     try:
         import triton
         env["triton"] = triton.__version__

@@ -27,8 +27,8 @@ rows run inside one sampling run (``CompiledModel.sampling_run``), as the bridge
 
     .venv/bin/python benchmarks/overhead_benchmark.py [--blocks 8] [--rounds 2000] [--full-rounds 300]
 
-Writes ``benchmarks/results/overhead_cpu.json`` and ``.md``. Target (issue #16): the pack's own
-work per model call <= 0.5 ms.
+Writes ``benchmarks/results/overhead_cpu.json`` and ``.md``. Target: the pack's own work per
+model call <= 0.5 ms.
 """
 from __future__ import annotations
 

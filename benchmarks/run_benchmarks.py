@@ -41,7 +41,7 @@ OURS_SETTINGS = {
     "ours-whole": {"mode": "speed", "compile_transformer_blocks_only": False},
     "ours-regional": {"mode": "speed", "compile_transformer_blocks_only": True},
 }
-# Targets from the issue (see README): name -> (threshold, direction)
+# The pack's targets (benchmarks/README.md): name -> threshold
 TARGETS = {
     "cold_regional_vs_core": 0.5,
     "depth_16_vs_2": 1.25,
@@ -461,7 +461,7 @@ def _fmt(x, unit="", digits=2):
 
 
 def evaluate(results: dict) -> list[dict]:
-    """The issue's targets: one row each, with the measured value(s) and met / missed."""
+    """The targets: one row each, with the measured value(s) and met / missed."""
     pairs = results["pairs"]
 
     def get(model, variant, *keys):
@@ -587,7 +587,7 @@ def write_markdown(results: dict, path: Path) -> None:
     L.append(f"- machine: {info['nproc']} CPU(s), {info['cpu_model']}, {info['mem_gb']} GB; "
              f"torch {info['torch']}; OMP_NUM_THREADS=1; SDPA attention")
     L.append(f"- load average (1/5/15 min): start {info['loadavg_start']}, end {results.get('loadavg_end')}"
-             " -- other jobs shared this machine; see README on noise")
+             " -- other jobs shared this machine; see benchmarks/README.md on noise")
     L.append(f"- command: `{info['command']}`; total {results.get('total_s', 0) / 60:.1f} min")
     L.append("- workflow: UNETLoader -> [compile node] -> KSampler (euler, cfg 1, 4 steps) -> SaveLatent; "
              "latent 128x128x5 unless noted; times are per prompt over HTTP unless noted")

@@ -1,4 +1,4 @@
-"""Steady compiled prompts, the pack against ComfyUI core's TorchCompileModel, side by side (#16).
+"""Steady compiled prompts, the pack against ComfyUI core's TorchCompileModel, side by side.
 
 One ComfyUI server per variant, all up at once, on the same tiny WAN:
 
@@ -17,8 +17,8 @@ medians over rounds of the per-round ratios to ``core``.
 
     .venv/bin/python benchmarks/steady_benchmark.py [--blocks 8] [--steps 8] [--rounds 25]
 
-Writes ``benchmarks/results/steady_cpu.json`` and ``.md``. Target (issue #16): a steady prompt
-with the pack <= 1.05x core's.
+Writes ``benchmarks/results/steady_cpu.json`` and ``.md``. Target: a steady prompt with the
+pack <= 1.05x core's.
 """
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ def write(result, cmd):
         "# VAE decode benchmark (CPU, real ComfyUI host)", "",
         f"- ComfyUI {r['host']}; {r['vae']}; latent {r['latent']} (second size {r['second_latent']})",
         f"- {r['settings']}", f"- date {r['date']}, commit `{r['commit']}`, load average at start "
-        f"{r['load_average']}: a shared 2-core machine, other engineers' jobs were running, so "
+        f"{r['load_average']}: a shared 2-core machine (other jobs ran beside it), so "
         "absolute times are noisy; eager and compiled steady runs are alternated",
         f"- command: `{cmd}`", "",
         "| figure | value |", "|---|---|",

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Run HERE, before a GPU session's first device call: builds .gpu/ (git-ignored), which the
-# device tool carries (`carry: [".gpu"]`), for scripts/gpu_session.sh on the device machine:
+# The first step of the GPU checks, run on a machine with the development environment
+# (scripts/bootstrap.sh's .host/comfyui-0.33.0 and .venv). It builds .gpu/ (git-ignored), a
+# bundle that lets the checks run on a CUDA machine with no package index:
 #   .gpu/wheels/          scripts/gpu_requirements.txt as Python 3.12 manylinux wheels
-#   .gpu/kitchen/         comfy-kitchen's Python code (no native libraries: too large to carry)
+#   .gpu/kitchen/         comfy-kitchen's Python code (without its native libraries, 58 MB)
 #   .gpu/comfyui-0.33.0/  the default test host without its tests, caches and examples, with a
 #                         tcs_host.json whose front_end_root is a stub page (no frontend wheel)
-# Needs bootstrap's .host/comfyui-0.33.0 and .venv. Prints the size: a device call carries
-# 64 MiB in all, the working tree included.
+# Then copy the repository with .gpu to the CUDA machine and run, from its root:
+#   bash scripts/gpu_session.sh check
+# The bundle is kept small (the repository with .gpu under 62 MiB) so that it is quick to copy;
+# the script prints the size and fails above that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOST=.host/comfyui-0.33.0
@@ -62,6 +65,7 @@ cfg.update(front_end_root=stub.name, gpu_copy=True)  # (the server runs in the h
 PY
 du -sh .gpu/wheels .gpu/kitchen .gpu/comfyui-0.33.0
 total=$(( $(du -sb .gpu | cut -f1) + $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) ))
-echo "[gpu_prepare] a device call would carry about $((total / 1048576)) MiB (limit 64)"
-[ $total -lt $((62 * 1048576)) ] || { echo "[gpu_prepare] too large to carry" >&2; exit 1; }
-echo "[gpu_prepare] done; on the device: bash scripts/gpu_session.sh setup (carry .gpu)"
+echo "[gpu_prepare] the repository with .gpu: about $((total / 1048576)) MiB (limit 62)"
+[ $total -lt $((62 * 1048576)) ] || { echo "[gpu_prepare] the bundle is too large" >&2; exit 1; }
+echo "[gpu_prepare] done; copy the repository with .gpu to the CUDA machine and run there:"
+echo "[gpu_prepare]   bash scripts/gpu_session.sh check"

@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 SITE="$PWD/.gpu-run/site"
 export PYTHONPATH="$SITE:$PWD/.gpu/kitchen${PYTHONPATH:+:$PYTHONPATH}"
 export TCS_COMFY_HOST="$PWD/.gpu/comfyui-0.33.0"
-[ -d "$TCS_COMFY_HOST" ] || { echo "[gpu] .gpu is missing: run scripts/gpu_prepare.sh here and carry .gpu" >&2; exit 2; }
+[ -d "$TCS_COMFY_HOST" ] || { echo "[gpu] .gpu is missing: run scripts/gpu_prepare.sh on a machine with the development environment, then copy .gpu here" >&2; exit 2; }
 
 setup() {
   if [ ! -f "$SITE/.done" ]; then

@@ -1,7 +1,7 @@
 """A small Chrome DevTools Protocol client: headless Chromium driven from Python.
 
 No pytest here (``conftest.py`` wraps it). One ``Chromium`` process per test session, started
-with the flags of facts.md §3 plus a remote-debugging port and a fresh ``--user-data-dir``, and
+with ``CHROMIUM_FLAGS`` plus a remote-debugging port and a fresh ``--user-data-dir``, and
 always killed (its whole process group) at teardown. ``Page`` talks to one tab over its
 DevTools websocket (``websocket-client``): ``evaluate`` runs JS and returns its JSON value,
 ``wait_for`` polls a JS expression, and console errors and uncaught exceptions are collected.
@@ -27,7 +27,8 @@ try:  # websocket-client (requirements-dev.txt); conftest turns its absence into
 except ImportError:  # pragma: no cover
     websocket = None
 
-# facts.md §3: the flags that run Debian's Chromium headless in this sandbox.
+# The flags that run Debian's Chromium headless in a container: no sandbox (it needs privileges a
+# container lacks), no GPU, and none of its background network services.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")

@@ -36,7 +36,7 @@ DEPENDENTS = PTX_DEPENDENTS + SPEED_OVERRIDES
 def pack_errors(page):
     """Uncaught exceptions, and console errors that come from this pack's extension. (The
     frontend logs its own errors too: 404s for optional files, and failed look-ups of
-    api.comfy.org, which this sandbox cannot reach.)"""
+    api.comfy.org, which a machine without internet access cannot reach.)"""
     return [e for e in page.errors()
             if e.startswith("exception:") or PACK_JS in e or "TorchCompileSpeed.UI" in e]
 

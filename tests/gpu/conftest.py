@@ -1,7 +1,6 @@
-"""GPU tests: the paths that run only on an NVIDIA GPU, for a session lent one (the library's
-``device`` tool; ``scripts/gpu_session.sh`` runs them there). They skip where CUDA is not
-available, as in CI. ``TCS_GPU_TEST_DEVICE=cpu`` runs the ones that can run on the CPU, to
-check the tests themselves.
+"""GPU tests: the paths that run only on an NVIDIA GPU (``bash scripts/gpu_session.sh check``, or
+``tests``, runs them on a CUDA machine). They skip where CUDA is not available, as in CI.
+``TCS_GPU_TEST_DEVICE=cpu`` runs the ones that can run on the CPU, to check the tests themselves.
 
 The unit tests' fixtures (fresh toy models, the global-state check) apply here too."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #13: an attention override (what SageAttention-style patch nodes set:
+"""An attention override (what SageAttention-style patch nodes set:
 ``model_options["transformer_options"]["optimized_attention_override"]``) placed before and
 after Apply, changed between runs and after a restart, on the settings node's defaults.
 

@@ -1,4 +1,4 @@
-"""Issue #13: a cancel (POST /interrupt) stops the prompt during compile-ahead and during the
+"""A cancel (POST /interrupt) stops the prompt during compile-ahead and during the
 Diagnostics node's measuring loop, on every host; another pack's torch.compile wrapper on the
 same model is said in the log, once per Apply (core's TorchCompileModel before or after ours)."""
 import time

@@ -1,4 +1,4 @@
-"""Issue #3 compile-ahead: with declared shapes and warmup_runs, the Apply node compiles before
+"""Compile-ahead: with declared shapes and warmup_runs, the Apply node compiles before
 sampling, so the sampler's first step pays nothing, for every size in the declared range."""
 import re
 

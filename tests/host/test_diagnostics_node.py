@@ -1,4 +1,4 @@
-"""Issue #4 diagnostics on a real ComfyUI server: the Torch Compile Diagnostics node lists the
+"""Diagnostics on a real ComfyUI server: the Torch Compile Diagnostics node lists the
 graph breaks of ComfyUI's default CPU attention with reason and file:line, reports 0 breaks
 and a measured eager/compiled ratio with SDPA, explains a static-shape recompile, sends the
 speedup to the UI, and auto-disables a compile that is slower than eager."""

@@ -1,4 +1,4 @@
-"""Issue #6 on real ComfyUI servers: two workers, each with its own base directory and empty
+"""The fleet on real ComfyUI servers: two workers, each with its own base directory and empty
 local caches; worker 1 compiles and publishes, worker 2 warm-starts from the shared store."""
 import sys
 import time

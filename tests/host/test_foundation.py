@@ -1,6 +1,6 @@
-"""Issue #2 on a real ComfyUI 0.3.75 server: the nodes as users see them, compile that really
-compiles, matches eager and is reused, a shared model that stays eager, and the WANCOMPILEARGS
-contract as WanVideoWrapper consumes it."""
+"""On a real ComfyUI server (each host the suite runs it on): the nodes as users see them,
+compile that really compiles, matches eager and is reused, a shared model that stays eager, and
+the WANCOMPILEARGS contract as WanVideoWrapper consumes it."""
 import re
 
 import pytest

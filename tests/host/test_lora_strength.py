@@ -1,4 +1,4 @@
-"""Issue #16 on a real ComfyUI server: a LoRA's strength changes with 0 new graphs after the
+"""On a real ComfyUI server: a LoRA's strength changes with 0 new graphs after the
 first, in the loading modes where ComfyUI applies the LoRA at every forward.
 
 - Forced partial loading (TEST-ONLY ``TCSTestForceLowVram``): the LoRA sits in each layer's

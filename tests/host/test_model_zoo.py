@@ -1,5 +1,5 @@
-"""Model zoo on the REAL ComfyUI classes of the selected host (issue #15): a representative subset of
-``regions/model_zoo.py`` (the full zoo is ``scripts/model_zoo.sh``; its table is in the README).
+"""Model zoo on the REAL ComfyUI classes of the selected host: a representative subset of
+``regions/model_zoo.py`` (the full zoo is ``scripts/model_zoo.sh``; its table is in docs/model-zoo.md).
 
 Each case builds a tiny random model of a family that ``regions.BLOCK_ATTRS`` does not list, so its
 blocks must be *discovered*, and runs it eagerly and through ``engine.prepare(...).run(...)``

@@ -1,4 +1,4 @@
-"""Issue #3 persistent warm start on a real ComfyUI server: a restarted server (new process,
+"""Persistent warm start on a real ComfyUI server: a restarted server (new process,
 same base directory) loads the compiled graphs from the per-fingerprint cache, after warming
 torch's compiler stack in the background from the manifest the first server recorded."""
 import json

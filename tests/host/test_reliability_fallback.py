@@ -1,4 +1,4 @@
-"""Issue #5 on a real ComfyUI server: compile never breaks a workflow and leaks nothing.
+"""On a real ComfyUI server: compile never breaks a workflow and leaks nothing.
 
 - Real faults fall back to eager with the same output and one clear warning: a broken C++
   compiler (caught by preflight), a backend that fails while compiling (caught at run time),

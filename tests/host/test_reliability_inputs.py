@@ -1,4 +1,4 @@
-"""Issue #5 on a real ComfyUI server: bad input is refused clearly, and the server keeps serving.
+"""On a real ComfyUI server: bad input is refused clearly, and the server keeps serving.
 
 - A malformed WANCOMPILEARGS from another node (``TCSTestRawCompileArgs`` emits any JSON value)
   fails the Apply node with an error that names the key; the next prompt works.

@@ -1,4 +1,4 @@
-"""Issue #5 on a real ComfyUI server: compile stays correct with what real workflows do to models.
+"""On a real ComfyUI server: compile stays correct with what real workflows do to models.
 
 - LoRA (``LoraLoaderModelOnly``) before or after the Apply node: every strength gives the eager
   output for that strength, and changing it recompiles nothing.

@@ -1,6 +1,6 @@
-"""Issue #3 shape policy on a real ComfyUI server: one compiled graph serves every latent size.
+"""The shape policy on a real ComfyUI server: one compiled graph serves every latent size.
 
-Issue #13: every sweep also checks that something really compiled (new dynamo graphs on its
+Every sweep also checks that something really compiled (new dynamo graphs on its
 first size, from the probe counters, and the pack's "compiled" line for the blocks) and that
 nothing fell back to eager (no "runs eagerly" line, no failed compile), so "0 new graphs at the
 other sizes" cannot pass by not compiling at all."""

@@ -1,4 +1,4 @@
-"""Issue #15 item 3 on a real ComfyUI server: Apply Torch Compile (VAE).
+"""On a real ComfyUI server: Apply Torch Compile (VAE).
 
 Tiny random-weight VAEs loaded by ComfyUI's own VAELoader (``vae_models.py``): a WAN 2.1 video
 VAE and an SD-style image VAE. For each, with inductor:

@@ -1,4 +1,4 @@
-"""Issue #13 (pure torch side): the host's cancel check (``check_interrupt``, ComfyUI's
+"""The pure torch side of cancelling: the host's cancel check (``check_interrupt``, ComfyUI's
 ``throw_exception_if_processing_interrupted`` in the node) stops the Diagnostics measuring
 loop between model calls, and whatever it raises propagates (an ``Exception`` subclass, as in
 ComfyUI 0.3.75, as well as a ``BaseException`` one, as in 0.33)."""

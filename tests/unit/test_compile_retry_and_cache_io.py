@@ -1,4 +1,4 @@
-"""Issue #13: a transient compile failure is retried by the next Apply, and persistent-cache I/O
+"""A transient compile failure is retried by the next Apply, and persistent-cache I/O
 errors (read-only folder, full disk, a file in use, a second ComfyUI evicting the same entry)
 never fail a sampling run: the cache is just not used or not saved, with one warning."""
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_errors_defined_in_compiler_modules_are_compile_failures():
     (RuntimeError("triton: 0 active drivers"), "Triton"),
     (RuntimeError("backend='x' raised:\nRuntimeError: boom"), "another backend"),
     (RuntimeError("something else went wrong"), "compile_transformer_blocks_only"),
-    # torch 2.8/2.9 on WAN with backed_size_oblivious (issue #14)
+    # torch 2.8/2.9 on WAN with backed_size_oblivious: symbolic sizes fail on the size-1 dim
     (RuntimeError("TorchRuntimeError: Dynamo failed to run FX node with fake tensors: call_function "
                   "addcmul(*(FakeTensor(..., size=(s0, s27, 32)),), **{}): got RuntimeError("
                   "'Attempting to broadcast a dimension of length s27 at -2!')"), "shape_policy 'static'"),
@@ -96,7 +96,7 @@ def test_explain_handles_empty_and_long_messages():
     assert "\n" not in long and len(long) < 500 and "-> fix:" in long
 
 
-# --- errors raised while compiled code runs (issue #15: Hunyuan-DiT's guard assertion) ----------
+# --- errors raised while compiled code runs (e.g. Hunyuan-DiT's guard assertion) ------------------
 
 def _raise_from_dynamo_guards():
     """A plain AssertionError raised from a torch._dynamo module, as dynamo's guard check raises

@@ -167,7 +167,7 @@ def test_no_store_configured(monkeypatch):
     assert fleet.Fleet.from_env() is None
 
 
-# --------------------------------------------------------------------------- authenticity (issue #13 B)
+# --------------------------------------------------------------------------- authenticity
 
 import logging  # noqa: E402
 import socket  # noqa: E402
@@ -317,7 +317,7 @@ def test_from_env_fleet_uses_the_key(tmp_path, no_fleet_env):
     assert fleet.Fleet.from_env().secret is None  # empty means unset
 
 
-# --------------------------------------------------------------------------- bad numbers (issue #13 B)
+# --------------------------------------------------------------------------- bad numbers
 
 @pytest.mark.parametrize("name,value", [(fleet.MAX_MB_ENV, "lots"), (fleet.MAX_MB_ENV, "-5"),
                                         (fleet.MAX_MB_ENV, "nan")])
@@ -358,7 +358,7 @@ def test_good_numbers_are_used(no_fleet_env, fresh_warnings):
     assert fresh_warnings() == []
 
 
-# --------------------------------------------------------------------------- a silent server (issue #13 C)
+# --------------------------------------------------------------------------- a silent server
 
 class SilentServer:
     """Accepts TCP connections on 127.0.0.1 and never answers (a hung Redis, a black-holed proxy)."""

@@ -1,4 +1,4 @@
-"""Issue #16: in background mode, a region call no compiled graph takes runs eagerly."""
+"""In background mode, a region call no compiled graph takes runs eagerly."""
 import functools
 import types
 

@@ -139,7 +139,7 @@ def test_resolve_does_not_create_directories(dirs):
     assert not p.exists() and isinstance(p, Path)
 
 
-# --------------------------------------------------------------------------- workflow paths (issue #13 A)
+# --------------------------------------------------------------------------- workflow paths
 # A workflow may only name a folder under <user dir>/torch_compile_speed/ or an operator root:
 # ComfyUI's temp/, input/ and output/ take uploads (/upload/image), and Triton loads any .so
 # found under its cache key, so a cache folder there lets an upload load native code.

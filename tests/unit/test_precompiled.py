@@ -26,7 +26,8 @@ from compile_core.persist import PersistentCache
 from compile_core.settings import CompileSettings, build_compile_args
 
 # Saved regions need torch's AOT save/load round trip (torch 2.13+ here; off on 2.8/2.9, see
-# compile_core/torch_compat.py and the README's torch table): without it this path never runs.
+# compile_core/torch_compat.py and the torch table in docs/how-it-works.md): without it this
+# path never runs.
 pytestmark = pytest.mark.skipif(not torch_compat.load_compiled_function(),
                                 reason="this torch cannot save and load a compiled function")
 

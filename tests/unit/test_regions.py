@@ -170,7 +170,7 @@ def test_plan_paths_resolve_with_get_submodule():
         assert model.get_submodule(path) is module
 
 
-# --------------------------------------------------------------------------- discovery (issue #15)
+# --------------------------------------------------------------------------- discovery
 
 class Block(nn.Module):
     def __init__(self):
@@ -402,7 +402,7 @@ def test_a_module_dict_of_blocks_is_found():
     assert plan_regions(DictBlocks(), True).paths == ("blocks.block0", "blocks.block1")
 
 
-# --------------------------------------------------------------------------- overrides (issue #15)
+# --------------------------------------------------------------------------- overrides
 
 def test_nested_block_lists_are_planned_as_their_blocks():
     """Stable Cascade: ``down_blocks[i]`` is a ModuleList of one level's blocks."""

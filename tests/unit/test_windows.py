@@ -223,8 +223,8 @@ def test_deepest_path_is_what_triton_really_writes(tmp_path):
 
 
 def test_worst_case_lengths_for_a_portable_install():
-    """The numbers behind the README: a portable build in Downloads is past the limit, the
-    pack's short root is not (a 10-character user name)."""
+    """The numbers behind docs/caches-and-fleet.md (Windows): a portable build in Downloads is
+    past the limit, the pack's short root is not (a 10-character user name)."""
     below = len(r"\0123456789abcdef\inductor\t") + longpaths.below_triton_dir()
     downloads = r"C:\Users\0123456789\Downloads\ComfyUI_windows_portable\ComfyUI\user" \
                 r"\torch_compile_speed\cache"

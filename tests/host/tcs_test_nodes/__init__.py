@@ -231,7 +231,7 @@ class TCSTestWanStyleConsumer:
         return {"ui": {"consumer": [report]}}
 
 
-# --------------------------------------------------------------------------- reliability (issue #5)
+# --------------------------------------------------------------------------- reliability
 
 RAISING_BACKEND = "tcs_test_raising_backend"
 UNLOADABLE_BACKEND = "tcs_test_unloadable_backend"
@@ -558,7 +558,7 @@ NODE_CLASS_MAPPINGS = {c.__name__: c for c in (TCSTestZeroConditioning, TCSTestP
 NODE_DISPLAY_NAME_MAPPINGS = {k: f"[test] {k}" for k in NODE_CLASS_MAPPINGS}
 
 
-# --- TCSTestAttentionOverride (issue #13): an attention override set the way patch nodes do it
+# --- TCSTestAttentionOverride: an attention override set the way patch nodes do it
 
 
 def _qkv_override(transform):
@@ -607,7 +607,7 @@ NODE_CLASS_MAPPINGS[TCSTestAttentionOverride.__name__] = TCSTestAttentionOverrid
 NODE_DISPLAY_NAME_MAPPINGS[TCSTestAttentionOverride.__name__] = "[test] TCSTestAttentionOverride"
 
 
-# --- TCSTestWaitForInterrupt (issue #13): a cancel that lands at a known model call
+# --- TCSTestWaitForInterrupt: a cancel that lands at a known model call
 
 
 class TCSTestWaitForInterrupt:
@@ -661,7 +661,7 @@ NODE_CLASS_MAPPINGS[TCSTestWaitForInterrupt.__name__] = TCSTestWaitForInterrupt
 NODE_DISPLAY_NAME_MAPPINGS[TCSTestWaitForInterrupt.__name__] = "[test] TCSTestWaitForInterrupt"
 
 
-# --- issue #15: Apply Torch Compile (VAE)
+# --- Apply Torch Compile (VAE)
 
 
 class TCSTestRandomLatent:
@@ -731,7 +731,7 @@ for _cls in (TCSTestRandomLatent, TCSTestVAEProbe):
     NODE_DISPLAY_NAME_MAPPINGS[_cls.__name__] = f"[test] {_cls.__name__}"
 
 
-# --- background compile (issue #16): a model call that waits for the worker, a slow backend
+# --- background compile: a model call that waits for the worker, a slow backend
 
 SLOW_BACKEND = "tcs_test_slow_backend"
 
