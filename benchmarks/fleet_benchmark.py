@@ -1,4 +1,4 @@
-"""Fleet benchmark (issue #6) in the real ComfyUI host: worker 1 compiles cold and publishes to a
+"""Fleet benchmark in the real ComfyUI host: worker 1 compiles cold and publishes to a
 shared store; worker 2 (its own base directory, empty local caches) warm-starts from it. Both
 variants, Redis and a shared directory, run side by side in one run.
 
@@ -77,7 +77,7 @@ def main() -> int:
     (out / "fleet_cpu.json").write_text(json.dumps(results, indent=1))
     lines = ["# Fleet benchmark (CPU, real ComfyUI host)", "",
              f"- ComfyUI {HOST_VERSION}; {results['model']}; the settings node's defaults "
-             f"({SETTINGS}: regional inductor, max-autotune-no-cudagraphs); 4-step prompt over HTTP",
+             f"({SETTINGS}: regional inductor, compiled in mode default); 4-step prompt over HTTP",
              f"- date {results['date']}, commit `{results['commit']}`, load average at start "
              f"{[round(x, 2) for x in results['load_average_start']]}",
              f"- command: `.venv/bin/python benchmarks/fleet_benchmark.py --blocks {args.blocks} "

@@ -46,7 +46,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import log, source_check, switches
+from . import log, source_check, switches, torch_compat
 from .persist import write_atomic
 from .saved_guards import (GlobalChecks, LocalChecks, NotSaveable, ValuePickler, bind_subclasses,
                            guard_checker, keep_guard, subclass_globals)
@@ -59,7 +59,6 @@ OFF_ENV = "TORCH_COMPILE_SPEED_SAVED_REGIONS"  # operator: "0" turns this module
 def supported(settings, regional: bool) -> bool:
     """Regional inductor without CUDA graphs, not turned off, on a torch where ``aot_compile``
     (with the knob it needs), ``load_compiled_function`` and ``guard_filter_fn`` work."""
-    from . import torch_compat
     return (regional and settings.backend == "inductor" and settings.mode in MODES
             and switches.switch(OFF_ENV, True)
             and torch_compat.load_compiled_function() and torch_compat.guard_filter_fn())
@@ -156,7 +155,6 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, compile_kwargs: dict) 
     kw = {k: v for k, v in compile_kwargs.items() if k in ("backend", "dynamic")}
     options = {**mode_options(compile_kwargs.get("mode"), kw.get("dynamic")),
                "guard_filter_fn": keep_guard(dropped, local_fns, unchecked)}
-    from . import torch_compat
     with torch_compat.aot_capture():  # torch 2.9: aot_compile exists only under enable_aot_compile
         compiled = torch.compile(nn.Module._call_impl, fullgraph=True, options=options, **kw)
         with ValuePickler():
@@ -210,7 +208,8 @@ def load(path: Path, key: str) -> tuple[_Region | None, str]:
         return None, f"a tensor subclass it uses is not there ({exc.__class__.__name__}: {exc})"
     try:
         extra = {"f_globals": subclasses} if subclasses else {}  # (GGUF's GGMLTensor)
-        fn = torch.compiler.load_compiled_function(io.BytesIO(data), **extra)
+        with torch_compat.loading_built_kernels():
+            fn = torch.compiler.load_compiled_function(io.BytesIO(data), **extra)
     except Exception as exc:  # noqa: BLE001 - corrupt, incompatible (torch checks its system info)
         return None, f"torch could not load it ({exc.__class__.__name__}: {str(exc)[:200]})"
     checks = GlobalChecks(list(meta.get("globals", [])), list(meta.get("described", [])))

@@ -501,6 +501,22 @@ def precompiled_header_dir(path: str | None) -> Iterator[None]:
         codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = saved
 
 
+@contextlib.contextmanager
+def loading_built_kernels() -> Iterator[None]:
+    """Around loading compiled code whose C++ kernels are built already (a saved region, from
+    this cache or a fleet's): inductor builds its precompiled C++ header before it looks for
+    the built kernel, which on a worker without that header (a new container, a fleet worker)
+    cost ~5 s of a 5.4 s load. Header precompiling is off inside the block: a kernel that is
+    built loads at once, one that is missing compiles without the header (the same library,
+    compiled slower). Nothing changes where this torch has no such setting."""
+    import torch._inductor.config as inductor_config
+    if not isinstance(getattr(inductor_config, "cpp_cache_precompile_headers", None), bool):
+        yield
+        return
+    with inductor_config.patch(cpp_cache_precompile_headers=False):
+        yield
+
+
 def precompiled_header_dir_now() -> str | None:
     """Where inductor builds precompiled headers now (for the leak checks), if it is imported."""
     return getattr(sys.modules.get("torch._inductor.codecache"), "_HEADER_DIR", None)
