@@ -1,4 +1,4 @@
-"""Background compile (issue #16): the first run with Apply Torch Compile against the first eager run.
+"""Background compile: the first run with Apply Torch Compile against the first eager run.
 
 Three fresh servers (empty TMPDIR and HOME, fresh inductor and pack cache dirs), one after
 another, on the 8-block tiny WAN (dim 256), 20 steps, 128x128x5:
@@ -17,7 +17,7 @@ regions were attached, which gives the step times before and after the swap.
 
     .venv/bin/python benchmarks/background_benchmark.py [--steps 20] [--blocks 8]
 
-Writes ``benchmarks/results/background_cpu.json`` and ``.md``. Targets (issue #16): first run
+Writes ``benchmarks/results/background_cpu.json`` and ``.md``. Targets: first run
 <= 1.15x the first eager run; steps after the swap at the steady compiled step time; output
 within 1e-3 of eager.
 """
@@ -127,7 +127,7 @@ def summarise(res: dict) -> dict:
 
 
 def markdown(summary: dict, info: dict, args) -> str:
-    lines = ["# Background compile (issue #16), CPU", "",
+    lines = ["# Background compile, CPU", "",
              f"Command: `{info['command']}`", "",
              f"Machine: {info['nproc']} cores, {info['cpu_model']}, torch {info['torch']}, "
              f"ComfyUI {info['comfyui']}, {info['date']}. Tiny WAN {args.blocks} blocks, dim 256, "

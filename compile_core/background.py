@@ -1,4 +1,4 @@
-"""Compile in a worker thread while the model runs eagerly (issue #16).
+"""Compile in a worker thread while the model runs eagerly.
 
 The first model call of a model in background mode runs eagerly and keeps each region's
 first inputs (``capture_eager``). One worker thread then compiles the regions on those

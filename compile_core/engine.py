@@ -374,7 +374,7 @@ class CompiledModel:
                     self.fleet.publish_manifest(changed_files)
         return changed
 
-    # ----------------------------------------------------------------- background (issue #16)
+    # ----------------------------------------------------------------- background
 
     @property
     def compiling_in_background(self) -> bool:

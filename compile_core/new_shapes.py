@@ -1,4 +1,4 @@
-"""Background mode: a region call that would compile runs eagerly, and its compile is queued (#16).
+"""Background mode: a region call that would compile runs eagerly, and its compile is queued.
 
 Once a model in background mode runs compiled, a new input (a new resolution or batch the
 graphs do not cover) would make dynamo compile on the calling thread and hold up the step.

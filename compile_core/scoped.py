@@ -156,7 +156,7 @@ def _clear_inductor_caches() -> None:
 
 
 def knobs_for(settings, on_cuda: bool) -> dict[str, dict]:
-    """The scoped knobs a ``CompileSettings`` asks for (see README: Settings reference)."""
+    """The scoped knobs a ``CompileSettings`` asks for (docs/how-it-works.md describes them)."""
     from . import torch_compat
     dynamo = {  # torch before 2.7 names the recompile limit cache_size_limit
         torch_compat.recompile_limit_knob() or "recompile_limit": settings.cache_size_limit,

@@ -63,8 +63,8 @@ def _generic_dims(t: torch.Tensor, whole_model: bool) -> tuple[int, ...]:
     if whole_model:
         # A whole diffusion model derives Python sizes from its latent (e.g. ComfyUI's WAN rope
         # ``linspace(steps=w // 2)``), which re-specialises spatial dims marked dynamic; torch 2.13's
-        # FX graph cache then served a graph built for another size (wrong output, see
-        # benchmarks/repro_whole_model_fxcache.py). Only the batch is dynamic there.
+        # FX graph cache then served a graph built for another size (wrong output). Only the
+        # batch is dynamic there.
         return (0,) if t.ndim else ()
     # [B, S, C] tokens; [B, C, H, W] images; [B, C, T, H, W] video latents
     return {3: (0, 1), 4: (0, 2, 3), 5: (0, 2, 3, 4)}.get(t.ndim, (0,) if t.ndim else ())

@@ -300,7 +300,7 @@ def _start_prewarm() -> None:
     prewarm.start(cache.root if cache else None, from_fleet if fleet and cache else None)
 
 
-# --------------------------------------------------------------------------- VAE (issue #15)
+# --------------------------------------------------------------------------- VAE
 
 VAE_METHODS = {"decode": ("decode", "decode_tiled"), "encode": ("encode", "encode_tiled")}
 VAE_ATTR = "torch_compile_speed"  # on the compiled copy only: its CompiledModel

@@ -30,9 +30,11 @@ _TIPS = {
     "ptx_fast_math": "With experimental_ptx on CUDA: let inductor use fast-math Triton kernels "
                      "(slightly less precise, faster), where this torch has the knob.",
     "warmup_runs": "With experimental_ptx on CUDA: how many warm-up runs of the compiled model "
-                   "happen on the first real inputs before sampling continues.",
-    "ptx_cache_dir": "Triton kernel cache for experimental_ptx. Relative paths live under ComfyUI's "
-                     "user directory; paths outside the allowed roots are refused. Empty = user/triton.",
+                   "happen on the first real inputs before sampling continues. With "
+                   "declared_shapes, > 0 also compiles those sizes ahead.",
+    "ptx_cache_dir": "Triton kernel cache for experimental_ptx. Relative paths live under the pack's "
+                     "folder in ComfyUI's user directory (user/torch_compile_speed); paths outside the "
+                     "allowed roots are refused. Empty = user/torch_compile_speed/triton.",
     "dynamo_recompile_limit": "Total recompiles allowed across all compiled code "
                               "(torch._dynamo accumulated_recompile_limit), only during the run.",
     "force_parameter_static_shapes": "Treat parameter shapes as static (torch default True). "

@@ -1,4 +1,4 @@
-"""Issue #16: background compile on a real ComfyUI server. The first run goes on eagerly while a
+"""Background compile on a real ComfyUI server. The first run goes on eagerly while a
 worker compiles; the compiled regions swap in at a step boundary; a cancel during the compile
 and a failing background compile leave eager sampling working."""
 import re

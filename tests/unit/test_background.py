@@ -1,4 +1,4 @@
-"""Issue #16: compile in a worker thread while the model runs eagerly, then swap at a call."""
+"""Compile in a worker thread while the model runs eagerly, then swap at a call."""
 import contextlib
 import threading
 import time
