@@ -13,12 +13,10 @@ others wait for it (``wait_idle``). Each job runs in a copy of the submitting th
 thread would not see the caller's settings. The job applies the caller's grad and inference
 modes (thread-local) too, so its graphs' guards hold on the main thread.
 
-A job may be *held* (``submit(..., hold=True)``): the engine holds the compile of a model that
-runs on the CPU during a sampling run, because there the compile and the model share the same
-cores and compiling beside the run only slows it down (``benchmarks/results/background_cpu.md``).
-A held job starts once its run is over (``Job.run_over``) and the host is idle
-(``set_idle_check``; ComfyUI: no prompt running or queued), when the next sampling run begins
-(``release_held``), or when someone waits for the worker (``wait_idle``).
+A job may *yield* (``submit(..., yields=True)``): the compile of a model that runs on the CPU,
+where the compile and the model share the same cores. It starts once the host is idle and
+pauses while a prompt runs (``pacing``); whoever waits for the worker (``wait_idle``) gets it
+done at once. A GPU model's compile runs on the CPU beside its sampling, from the start.
 """
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import fallback, log
+from . import fallback, log, pacing
 
 MAX_CAPTURED = 16  # region variants whose inputs one capture keeps (identical blocks share one)
 # Serialises the moments the worker's compile scope sets or restores the process-wide
@@ -44,12 +42,11 @@ _ENV_LOCK = threading.RLock()
 class Job:
     """One queued compile: ``fn`` runs on the worker; ``done`` is set after, also on error."""
 
-    def __init__(self, fn: Callable[[], None], label: str, hold: bool = False):
-        self.fn, self.label = fn, label
-        self.released = threading.Event()  # the worker may start it (see ``hold``)
-        if not hold:
-            self.released.set()
-        self.run_over = False  # a held job's sampling run has ended: start once the host is idle
+    def __init__(self, fn: Callable[[], None], label: str, yields: bool = False):
+        self.fn, self.label, self.yields = fn, label, yields
+        self.started = threading.Event()  # the worker runs it (a yielding job: the host was idle)
+        self.pauses, self.paused_s = 0, 0.0  # while prompts ran (``pacing``)
+        self.paused = False  # sleeping in a pause now
         self.context = contextvars.copy_context()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -62,10 +59,11 @@ class Job:
         self.result = None  # what ``fn`` returned
         self.on_done: Callable[[], None] | None = None  # called on the worker once ``done`` is set
 
-    def _run(self) -> None:
+    def _run(self, own_thread: bool) -> None:
         start = time.perf_counter()
         try:
-            self.result = self.context.run(self.fn)
+            with pacing.paced(self, own_thread) if self.yields else contextlib.nullcontext():
+                self.result = self.context.run(self.fn)
         except BaseException as exc:  # noqa: BLE001 - the engine reports it (one warning)
             # classified while its frames are there; then they go (they hold the captured inputs)
             self.failure = fallback.explain(exc) if fallback.is_compile_failure(exc) else ""
@@ -112,17 +110,12 @@ class _Worker:
         return self._pending > 0
 
     def running(self) -> bool:
-        """A job is compiling now (not only queued or held)."""
-        return self.current is not None
-
-    def release_all(self) -> None:
-        with self._lock:
-            for job in self._jobs:
-                job.released.set()
+        """A job is compiling now (not queued, not waiting for the host, not paused)."""
+        job = self.current
+        return job is not None and job.started.is_set() and not job.paused
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        self.release_all()  # whoever waits needs the held jobs done now
-        with self._idle:
+        with pacing.waiting(), self._idle:  # (whoever waits needs yielding jobs done now)
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def _loop(self) -> None:
@@ -130,8 +123,10 @@ class _Worker:
         # from a busy main thread; measured: a 25 s compile did not finish in 80 s)
         while True:
             job = self._queue.get()
-            _wait_for_release(job)
             self.current = job
+            if job.yields:
+                pacing.start_when_idle(job.label)
+            job.started.set()
             try:
                 with short_gil_turns():
                     _in_own_thread(job._run, job.label)
@@ -144,7 +139,7 @@ class _Worker:
                 job = None  # (not held while the loop waits for the next one)
 
 
-def _in_own_thread(fn: Callable[[], None], label: str) -> None:
+def _in_own_thread(fn: Callable[[bool], None], label: str) -> None:
     """Run ``fn`` in a thread that ends with it. A compile runs its graphs once on the captured
     inputs, and on the CPU their OpenMP loops give the calling thread a thread team of its own
     that lives as long as the thread. With a second team alive, the OpenMP runtime has more
@@ -152,49 +147,17 @@ def _in_own_thread(fn: Callable[[], None], label: str) -> None:
     slower (measured, 2 cores, tiny WAN: the regional graphs 52 -> 90 ms a call after a compile
     on the long-lived worker; unchanged after one in a thread that ended). Not on a torch where
     a thread that compiled must not end (``compile_threads``): there ``fn`` runs on the worker,
-    which never ends."""
+    which never ends. ``fn`` is told which (``own_thread``)."""
     from . import compile_threads
     if not compile_threads.after_a_thread_ends():
-        fn()
+        fn(False)
         return
-    thread = threading.Thread(target=fn, name=f"tcs-compile {label}"[:60], daemon=True)
+    thread = threading.Thread(target=fn, args=(True,), name=f"tcs-compile {label}"[:60], daemon=True)
     thread.start()
     thread.join()
 
 
 WORKER = _Worker()
-RELEASE_POLL = 0.1  # s: how often a held job whose run is over asks whether the host is idle
-_IDLE_CHECK: list[Callable[[], bool]] = [lambda: True]
-
-
-def set_idle_check(check: Callable[[], bool]) -> None:
-    """The host's "nothing is running or queued" test, for held jobs (default: always idle)."""
-    _IDLE_CHECK[0] = check
-
-
-def _host_idle() -> bool:
-    try:
-        return bool(_IDLE_CHECK[0]())
-    except Exception as exc:  # noqa: BLE001 - a broken check must not hold a compile forever
-        log.warn_once("bg-idle-check", "could not tell whether the server is idle (%s: %s); a "
-                      "compile held until then starts now", type(exc).__name__, exc)
-        return True
-
-
-def _wait_for_release(job: Job) -> None:
-    """Until ``job`` may start: released, or its run is over and the host is idle."""
-    while not job.released.wait(RELEASE_POLL):
-        if job.run_over and _host_idle():
-            log.info("the sampling run is over and the server is idle: compiling %s in the "
-                     "background now", job.label)
-            job.released.set()  # not held any more (the badge: compiling, not "after this run")
-            return
-
-
-def release_held() -> None:
-    """Let every held job start (a new sampling run begins: a queue of prompts would otherwise
-    hold them until it is empty)."""
-    WORKER.release_all()
 
 
 SWITCH_INTERVAL = 0.0005  # s, while a job runs (Python's default is 0.005)
@@ -218,9 +181,9 @@ def short_gil_turns() -> Iterator[None]:
             sys.setswitchinterval(before)
 
 
-def submit(fn: Callable[[], None], label: str, hold: bool = False) -> Job:
-    """Queue ``fn`` on the worker, in a copy of the caller's context (``hold``: see above)."""
-    return WORKER.submit(Job(fn, label, hold))
+def submit(fn: Callable[[], None], label: str, yields: bool = False) -> Job:
+    """Queue ``fn`` on the worker, in a copy of the caller's context (``yields``: see above)."""
+    return WORKER.submit(Job(fn, label, yields))
 
 
 def note_beside(description: str, eager_why: str = "") -> None:
@@ -254,23 +217,23 @@ def wait_idle(timeout: float | None = None) -> bool:
 @contextlib.contextmanager
 def env_lock() -> Iterator[None]:
     """Hold while a scope sets or restores the pack's process-wide environment variables."""
-    with _ENV_LOCK:
+    with pacing.unpaused(), _ENV_LOCK:
         yield
 
 
 @contextlib.contextmanager
 def locked_scope(scope: contextlib.AbstractContextManager) -> Iterator[None]:
     """Enter and exit ``scope`` under ``env_lock`` (the body runs without the lock)."""
-    with _ENV_LOCK:
+    with env_lock():
         scope.__enter__()
     try:
         yield
     except BaseException as exc:
-        with _ENV_LOCK:
+        with env_lock():
             if not scope.__exit__(type(exc), exc, exc.__traceback__):
                 raise
     else:
-        with _ENV_LOCK:
+        with env_lock():
             scope.__exit__(None, None, None)
 
 
@@ -317,7 +280,8 @@ def _core_for_worker(device: torch.device | None) -> Iterator[None]:
     tiny WAN step beside a compile: 3.5-4.4x its time alone with 2 threads, 2.3-2.7x with 1,
     and the compile finished sooner). ``torch.set_num_threads`` holds for the calling thread's
     OpenMP pool, so the count is set on this thread and put back after the call. GPU models
-    (their steps barely use the CPU's threads) are left alone."""
+    (their steps barely use the CPU's threads) are left alone, and so is a call beside a job
+    that waits or pauses for the prompts (``pacing``)."""
     n = torch.get_num_threads()
     if device is None or device.type != "cpu" or n < 2 or not WORKER.running():
         yield

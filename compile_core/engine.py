@@ -128,7 +128,7 @@ def _eager_on_failure(region: Callable, module: nn.Module, failures: list) -> Ca
 
 def _queued_compile(ref: "weakref.ref[CompiledModel]", device: torch.device) -> int:
     """A queued background compile: it reaches its model only through ``ref``, so a job that
-    waits (held until the server is idle, or behind another) keeps nothing alive, and one whose
+    waits (for the server to be idle, or behind another) keeps nothing alive, and one whose
     model ComfyUI let go is dropped."""
     cm = ref()
     if cm is None or cm._captured is None:
@@ -139,8 +139,18 @@ def _queued_compile(ref: "weakref.ref[CompiledModel]", device: torch.device) -> 
 
 
 def _background_done(ref: "weakref.ref[CompiledModel]") -> None:
+    """On the worker, once the job is done: say so (no model call may come for a while) and
+    tell the host (the badge)."""
     cm = ref()
-    if cm is not None and cm.on_background_done is not None:
+    if cm is None:
+        return
+    job = cm._job
+    if job is not None:
+        paused = f", {job.pauses} pause(s) for prompts ({job.paused_s:.1f} s)" if job.pauses else ""
+        log.info("background compile of %s finished in %.1f s%s; the model's next call %s",
+                 cm.description, job.seconds, paused,
+                 "takes the compiled graphs" if job.error is None else "says what happened")
+    if cm.on_background_done is not None:
         cm.on_background_done()
 
 
@@ -229,7 +239,8 @@ class CompiledModel:
     _captured: tuple | None = None  # (captured region calls, worker context) the queued job takes
     _sampling_run: int = 0  # 0: outside ``sampling_run``, 1: at its first call, 2: after it
     # called on the worker when a background compile of this model is done (the bridge sends
-    # the badge's status: a held compile ends after its run, when no model call would)
+    # the badge's status: a CPU model's compile ends when the server is idle, and no model call
+    # would send it then)
     on_background_done: Callable[[], None] | None = None
     # the host found another torch.compile around the model call (core's TorchCompileModel
     # after Apply): it would trace a background compile's input capture, so the model compiles
@@ -247,14 +258,11 @@ class CompiledModel:
         one), so what depends only on the module structure is worked out once per run."""
         outer, self._sampling_run = self._sampling_run, 1
         if not outer:
-            background.release_held()  # a previous run's held compile may start beside this one
             self._retry_background()
         try:
             yield
         finally:
             self._sampling_run = outer
-            if not outer and self._job is not None:
-                self._job.run_over = True  # held (CPU): it starts once the host is idle
 
     def mark_warmed(self) -> None:
         """Kernels are being warmed elsewhere (compile-ahead): skip the first-call PTX warm-up."""
@@ -382,8 +390,11 @@ class CompiledModel:
 
     @property
     def compile_held(self) -> bool:
-        """Its background compile waits for the end of the sampling run (a CPU model)."""
-        return self._job is not None and not self._job.released.is_set()
+        """Its background compile waits for the server to be idle, or pauses while a prompt
+        runs (a CPU model: ``pacing``)."""
+        job = self._job
+        return job is not None and job.yields and not job.done.is_set() \
+            and (not job.started.is_set() or job.paused)
 
     @contextlib.contextmanager
     def foreground(self) -> Iterator[None]:
@@ -439,22 +450,22 @@ class CompiledModel:
         return out
 
     def _queue(self, captured: list, device: torch.device, what: str) -> None:
-        """Queue the compile of ``captured`` on the worker (this call ran them eagerly). In a
-        sampling run of a CPU model it is held until the run is over (see ``background``)."""
+        """Queue the compile of ``captured`` on the worker (this call ran them eagerly). A CPU
+        model's compile yields to prompts (``pacing``), unless its regions are saved (loading
+        them takes a fraction of a second)."""
         fast = self._precompiled()
-        hold = device.type == "cpu" and self._sampling_run > 0 \
-            and not (fast and fast.saved([c.module for c in captured], device))
-        if not hold:  # before the worker starts (a held job does it there, after the run)
+        yields = device.type == "cpu" and not (fast and fast.saved([c.module for c in captured], device))
+        if not yields:  # before the worker starts (a yielding job does it there, when it may)
             torch_compat.warm_fx_tracers()
         self._captured = (captured, self._worker_context)
         self._job = background.submit(functools.partial(_queued_compile, weakref.ref(self), device),
-                                      self.description, hold=hold)
+                                      self.description, yields=yields)
         self._job.eager_calls, self._job.what, self.changed = 1, what, True
         self._job.on_done = functools.partial(_background_done, weakref.ref(self))
-        if hold:
+        if yields:
             log.info("%s runs on the CPU, whose cores its eager steps use: its background "
-                     "compile starts once this sampling run is over (when the server is idle, or "
-                     "when the next sampling run begins)", self.description)
+                     "compile runs while the server is idle and pauses while prompts run",
+                     self.description)
 
     def _miss_probe(self) -> "new_shapes.EagerOnMiss | None":
         """In background mode, once compiled: a region call no graph takes runs eagerly and
@@ -472,7 +483,7 @@ class CompiledModel:
         """On the worker: compile each captured region by calling it, compiled, on its inputs
         (the same scope, shapes, saved regions and caches as a foreground compile), inside
         ``context()``. Returns the number of graphs it compiled, traced or loaded."""
-        torch_compat.warm_fx_tracers()  # (cached: a no-op unless the job was held)
+        torch_compat.warm_fx_tracers()  # (cached: a no-op unless the job yields)
         scope, _ = self._scope(device.type == "cuda")
         modules = [c.module for c in captured]
         p = self._begin_compile(modules, device)
@@ -604,8 +615,12 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
             persistent: PersistentCache | None = None, fleet: Fleet | None = None,
             plan: RegionPlan | None = None) -> CompiledModel:
     """Plan regions and find (reuse_if_similar) or build the compiled callable for this model.
-    ``plan``: regions chosen by the caller (e.g. ``compile_core.vae``), instead of ``plan_regions``."""
+    ``plan``: regions chosen by the caller (e.g. ``compile_core.vae``), instead of ``plan_regions``:
+    such a plan compiles in the foreground (a VAE's decoder carries state from one chunk's call
+    to the next, which an eager first call with its inputs captured would not see the same way)."""
     prewarm.wait()
+    if plan is not None and settings.background_compile:
+        settings = dataclasses.replace(settings, background_compile=False)
     plan = plan or plan_regions(diffusion_model, settings.blocks_only)
     fp = fingerprint(diffusion_model, plan, settings)
     factory = functools.partial(make_compiled_call, settings)

@@ -43,9 +43,9 @@ SPEED_PRESET = {"backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dy
 # dict's SPEED_PRESET mode unchanged.
 SPEED_PRESET_APPLY_MODE = "default"
 LIMIT_RANGE = (1, 1024)  # 0 would let nothing compile (dynamo runs every frame eagerly)
-# background_compile when a dict (or an old workflow's node) does not say: see
-# benchmarks/results/background_cpu.md for the measurement behind it
-BACKGROUND_DEFAULT = False
+# background_compile when a dict (or an old workflow's node) does not say: on, so the first run
+# never waits for a compile (benchmarks/results/background_cpu.md)
+BACKGROUND_DEFAULT = True
 WARMUP_RANGE = (0, 5)
 
 
@@ -95,7 +95,7 @@ class CompileSettings:
     # ((min_w, min_h, min_frames), (max_w, max_h, max_frames)) in pixels/frames, or None
     declared_shapes: tuple | None = None
     # compile in a worker thread while the first run goes on eagerly (compile_core.background)
-    background_compile: bool = False
+    background_compile: bool = BACKGROUND_DEFAULT
 
     @classmethod
     def from_args(cls, args: Any) -> "CompileSettings":

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import types
 import warnings
 from typing import Callable, Iterator
@@ -499,6 +500,43 @@ def precompiled_header_dir(path: str | None) -> Iterator[None]:
         yield
     finally:
         codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = saved
+
+
+# Methods a compile calls many times a second in its Python phases (dynamo's bytecode steps,
+# inductor's lowering and torch.fx's interpreting of each node): where a background compile
+# may pause (``pause_points``). A point this torch lacks is skipped.
+_PAUSE_POINTS = (("torch._dynamo.symbolic_convert", "InstructionTranslatorBase", "step"),
+                 ("torch._inductor.graph", "GraphLowering", "run_node"),
+                 ("torch.fx.interpreter", "Interpreter", "run_node"))
+
+
+@contextlib.contextmanager
+def pause_points(check: Callable[[], None]) -> Iterator[None]:
+    """Inside the block, ``check()`` runs on the calling thread at the start of each method of
+    ``_PAUSE_POINTS`` it calls (other threads' calls are not touched), so it may pause there.
+    These points hold no lock but dynamo's compile lock. The methods are put back after."""
+    import importlib
+    owner, swapped = threading.get_ident(), []
+    for module_name, class_name, method in _PAUSE_POINTS:
+        cls = getattr(importlib.import_module(module_name), class_name, None)
+        original = cls.__dict__.get(method) if cls is not None else None
+        if callable(original):
+            setattr(cls, method, _with_check(original, check, owner))
+            swapped.append((cls, method, original))
+    try:
+        yield
+    finally:
+        for cls, method, original in swapped:
+            setattr(cls, method, original)
+
+
+def _with_check(original: Callable, check: Callable[[], None], owner: int) -> Callable:
+    @functools.wraps(original)
+    def method(*args, **kwargs):
+        if threading.get_ident() == owner:
+            check()
+        return original(*args, **kwargs)
+    return method
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import comfy.model_management
 import comfy.patcher_extension as patcher_extension
 import folder_paths
 
-from ..compile_core import background, log, warmup
+from ..compile_core import log, pacing, warmup
 from ..compile_core.regions import family_of
 from ..compile_core.status import status_payload
 from . import weight_routing
@@ -32,15 +32,15 @@ def load_device(model_patcher):
 
 
 def server_idle() -> bool:
-    """No prompt running or queued on this ComfyUI server (a held background compile starts
-    then, see ``compile_core.background``); True outside a server."""
+    """No prompt running or queued on this ComfyUI server (a CPU model's background compile runs
+    then, see ``compile_core.pacing``); True outside a server."""
     from server import PromptServer
     instance = getattr(PromptServer, "instance", None)
     return instance is None or instance.prompt_queue.get_tasks_remaining() == 0
 
 
 def with_compile_wrapper(model_patcher, compiled, node_id=None):
-    background.set_idle_check(server_idle)
+    pacing.set_idle_check(server_idle)
     clone = compile_clone(model_patcher)
     apply_model = patcher_extension.WrappersMP.APPLY_MODEL
     clone.remove_wrappers_with_key(apply_model, WRAPPER_KEY)

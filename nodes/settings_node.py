@@ -47,13 +47,13 @@ _TIPS = {
     "declared_shapes": "Optional sizes you will render, WIDTHxHEIGHTxFRAMES or a MIN-MAX range "
                        "(e.g. 480x480x33-1280x720x81). With warmup_runs > 0 the model is compiled "
                        "ahead at the largest size, before the first sampling step.",
-    "background_compile": "Experimental, off by default. Compile in a worker thread while the first "
-                          "run goes on eagerly; the "
-                          "compiled blocks are swapped in at the next step once ready (the badge "
-                          "says 'compiling in the background'). On CUDA the background compile "
-                          "uses mode 'default' (no autotuning next to the running model). A model "
-                          "on the CPU compiles once its sampling run is over (beside the run it "
-                          "would share the run's cores).",
+    "background_compile": "On by default: the first run never waits for the compile. It runs "
+                          "eagerly while a worker thread compiles; the compiled blocks are swapped "
+                          "in at a step once ready (the badge says 'compiling in the background'). "
+                          "On CUDA the compile runs on the CPU beside the sampling, in mode "
+                          "'default'. A model on the CPU compiles while the server is idle and "
+                          "pauses while prompts run (they share the cores). Off: the first step "
+                          "compiles and the run waits for it.",
 }
 
 

@@ -10,9 +10,9 @@ import itertools
 
 import pytest
 
-from harness import NODE_DEFAULTS, ComfyHost, fallback_lines, pack_lines, rel_l2, wan_t2v_prompt
+from harness import FOREGROUND, ComfyHost, fallback_lines, pack_lines, rel_l2, wan_t2v_prompt
 
-SETTINGS = NODE_DEFAULTS  # the settings node left as it is
+SETTINGS = FOREGROUND  # the node's defaults, compiling in the prompt (what each override compiles)
 DISTINCT = 1e-2  # two overrides' eager outputs differ by at least this (rel L2)
 
 

@@ -15,11 +15,11 @@ CHANGED = "the model's code changed since it was traced"
 
 
 def compiled_and_eager(host, model_name):
-    """(compiled latent, eager latent, the compiled prompt's log) on one server."""
+    """(compiled latent, eager latent, the compiled prompts' log) on one server."""
     eager = host.latent(host.run(wan_t2v_prompt(model_name, apply=False, prefix="eager")))
-    offset = host.log_offset()
-    hist = host.run(wan_t2v_prompt(model_name, compile_settings=NODE_DEFAULTS, prefix="compiled"))
-    return host.latent(hist), eager, host.log_text(since=offset)
+    hist, log = host.run_compiled(lambda: wan_t2v_prompt(model_name, compile_settings=NODE_DEFAULTS,
+                                                         prefix="compiled"))
+    return host.latent(hist), eager, log
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """The fleet on real ComfyUI servers: two workers, each with its own base directory and empty
 local caches; worker 1 compiles and publishes, worker 2 warm-starts from the shared store."""
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,28 +18,26 @@ def worker_run(tmp_path, name, model, store, settings=INDUCTOR):
     host = ComfyHost(tmp_path / name, models=[model],
                      env={"TORCH_COMPILE_SPEED_SHARED_CACHE": store,
                           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"{name}_inductor"),
-                          "TORCH_COMPILE_SPEED_SHARED_TIMEOUT_S": "1"})
+                          "TORCH_COMPILE_SPEED_SHARED_TIMEOUT_S": "1"},
+                     new_container=True)  # empty TMPDIR and HOME: nothing of worker 1's machine
     with host:
         eager = host.latent(host.run(wan_t2v_prompt(model.name, apply=False, prefix="e")))
-        offset = host.log_offset()
-        start = time.perf_counter()
-        hist = host.run(wan_t2v_prompt(model.name, compile_settings=settings, prefix="c"))
-        seconds = time.perf_counter() - start
+        hist, log = host.run_compiled(lambda: wan_t2v_prompt(model.name, compile_settings=settings, prefix="c"))
         assert rel_l2(host.latent(hist), eager) < 1e-3
         worker_run.full_log = host.log_text()  # start-up included (the background prewarm)
-        return seconds, host.log_text(since=offset)
+        return log
 
 
 @pytest.mark.slow
 def test_second_worker_warm_starts_from_redis(tmp_path, tiny_wan_path):
     redis = RedisServer(tmp_path)
     try:
-        t1, log1 = worker_run(tmp_path, "worker1", tiny_wan_path, redis.url)
+        log1 = worker_run(tmp_path, "worker1", tiny_wan_path, redis.url)
         assert "shared cache miss" in log1 and "published" in log1, log1
         keys = sorted(k.decode() for k in redis.client.keys("tcs:compile:*"))
         assert len(keys) == 2 and keys[1].startswith("tcs:compile:prewarm-"), keys  # entry + manifest
         assert "warmed torch's compiler stack" not in worker_run.full_log
-        t2, log2 = worker_run(tmp_path, "worker2", tiny_wan_path, redis.url)
+        log2 = worker_run(tmp_path, "worker2", tiny_wan_path, redis.url)
         # worker 2 fetched worker 1's entry at start-up (named in the shared manifest), so its
         # first compile found it in its own persistent cache
         assert "shared cache hit" in worker_run.full_log and "persistent cache hit" in log2, log2
@@ -49,8 +46,6 @@ def test_second_worker_warm_starts_from_redis(tmp_path, tiny_wan_path):
         assert "a restart loads it" in log1 and "saved region(s), no trace" in log2, log2
         # worker 2 had no manifest of its own: it warmed torch from the one worker 1 shared
         assert "manifest from the shared cache" in worker_run.full_log, worker_run.full_log[-3000:]
-        print(f"\nworker1 cold {t1:.1f}s, worker2 from redis {t2:.1f}s ({t2 / t1:.2f}x)")
-        assert t2 < t1
     finally:
         redis.stop()
 
@@ -58,16 +53,17 @@ def test_second_worker_warm_starts_from_redis(tmp_path, tiny_wan_path):
 @pytest.mark.slow
 def test_second_worker_warm_starts_from_shared_directory(tmp_path, tiny_wan_path):
     shared = tmp_path / "network_volume"
-    t1, log1 = worker_run(tmp_path, "worker1", tiny_wan_path, str(shared))
+    log1 = worker_run(tmp_path, "worker1", tiny_wan_path, str(shared))
     assert "published" in log1 and len(list(shared.glob("*.tcs"))) == 2  # entry + prewarm manifest
-    t2, log2 = worker_run(tmp_path, "worker2", tiny_wan_path, str(shared))
+    log2 = worker_run(tmp_path, "worker2", tiny_wan_path, str(shared))
     assert "shared cache hit" in worker_run.full_log and "persistent cache hit" in log2, log2
     assert "saved region(s), no trace" in log2, log2
-    print(f"\nworker1 cold {t1:.1f}s, worker2 from directory {t2:.1f}s ({t2 / t1:.2f}x)")
+    # loading built kernels builds no precompiled C++ header (it cost 5 s of a 5.4 s load)
+    assert not list((tmp_path / "worker2").rglob("*.h.gch")), sorted((tmp_path / "worker2").rglob("*.gch"))
 
 
 def test_redis_down_costs_one_warning_and_compiles_locally(tmp_path, tiny_wan_path):
     down = f"redis://127.0.0.1:{free_port()}/0"
-    seconds, log = worker_run(tmp_path, "lonely", tiny_wan_path, down, settings={"backend": "aot_eager"})
+    log = worker_run(tmp_path, "lonely", tiny_wan_path, down, settings={"backend": "aot_eager"})
     assert log.count("not used") == 1 and "ConnectionError" in log, log
-    assert seconds < 30
+    assert "compiled WanAttentionBlock x2" in log, log  # locally, after one bounded try

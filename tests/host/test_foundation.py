@@ -40,7 +40,7 @@ def test_nodes_listed_with_original_input_order(comfy_host):
                         "reuse_if_similar": True, "experimental_ptx": False, "ptx_fast_math": True,
                         "warmup_runs": 1, "ptx_cache_dir": "", "dynamo_recompile_limit": 128,
                         "force_parameter_static_shapes": False, "allow_unmerged_lora_compile": False,
-                        "shape_policy": "auto", "declared_shapes": "", "background_compile": False}
+                        "shape_policy": "auto", "declared_shapes": "", "background_compile": True}
     assert {**SETTINGS_DEFAULTS, **NODE_DEFAULTS} == defaults  # what the tests call the node's defaults
     assert all(v[1].get("tooltip") for v in {**req, **s["input"]["optional"]}.values())
 

@@ -11,6 +11,7 @@ CPU = torch.device("cpu")
 def settings(**kw):
     kw.setdefault("backend", "aot_eager")
     kw.setdefault("mode", "default")
+    kw.setdefault("background_compile", False)  # (the tests of background mode ask for it)
     return CompileSettings.from_args(build_compile_args(**kw))
 
 

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from compile_core import background, compile_threads, engine, torch_compat
+from compile_core import background, compile_threads, engine, pacing, torch_compat
 from compile_core.status import status_payload
 from tcs_engine_helpers import CPU, eager, run, settings
 
@@ -284,19 +284,21 @@ def test_eager_beside_worker_raises_the_models_own_errors():
 @pytest.mark.parametrize("device,fewer", [("cpu", True), ("cuda", False), (None, False)])
 def test_a_cpu_step_beside_the_worker_leaves_it_one_core(device, fewer):
     """The eager step's intra-op threads on this thread are one fewer during the call while the
-    worker compiles (CPU models only), all of them beside a held job, and back to the caller's
-    count afterwards, also when the call raises."""
+    worker compiles (CPU models only), all of them beside a job that waits for an idle server,
+    and back to the caller's count afterwards, also when the call raises."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     started, gate = threading.Event(), threading.Event()
-    held = background.submit(lambda: None, "held", hold=True)
+    state = {"idle": False}
+    pacing.set_idle_check(lambda: state["idle"])
+    waiting = background.submit(lambda: None, "waiting", yields=True)
     try:
         seen = []
         dev = torch.device(device) if device else None
         background.eager_beside_worker(lambda: seen.append(torch.get_num_threads()), dev)
-        assert seen == [2]  # a held job compiles nothing yet
-        held.released.set()
-        assert held.done.wait(60)
+        assert seen == [2] and not waiting.started.is_set()  # it compiles nothing yet
+        state["idle"] = True
+        assert waiting.done.wait(60)
         background.submit(lambda: (started.set(), gate.wait(60)), "running")
         assert started.wait(60)
         background.eager_beside_worker(lambda: seen.append(torch.get_num_threads()), dev)
@@ -310,7 +312,8 @@ def test_a_cpu_step_beside_the_worker_leaves_it_one_core(device, fewer):
         assert torch.get_num_threads() == 2
     finally:
         gate.set()
-        held.released.set()
+        state["idle"] = True
+        pacing.set_idle_check(lambda: True)
         background.wait_idle(60)
         torch.set_num_threads(before)
 
@@ -407,14 +410,14 @@ def test_gil_turns_changed_by_someone_else_meanwhile_are_left_alone():
 def host_state(monkeypatch):
     """The host's idle test, as the ComfyUI bridge installs it: busy until the test says."""
     state = {"idle": False}
-    monkeypatch.setattr(background, "_IDLE_CHECK", [lambda: state["idle"]])
+    monkeypatch.setattr(pacing, "_IDLE_CHECK", [lambda: state["idle"]])
     return state
 
 
-def test_a_cpu_models_compile_is_held_until_its_sampling_run_is_over(wan, wan_inputs, graph_count,
-                                                                      host_state, pack_log):
-    """On the CPU the compile would take the cores the run's eager steps use: it waits for the
-    end of the sampling run and an idle server; the next run swaps the regions in at once."""
+def test_a_cpu_models_compile_waits_until_the_server_is_idle(wan, wan_inputs, graph_count,
+                                                              host_state, pack_log):
+    """On the CPU the compile would take the cores the run's eager steps use: it waits for an
+    idle server (no prompt running or queued); the next run swaps the regions in at once."""
     model = wan.Model(n_blocks=3).eval()
     x, t = wan_inputs()
     ref = eager(model, x, t)
@@ -425,11 +428,11 @@ def test_a_cpu_models_compile_is_held_until_its_sampling_run_is_over(wan, wan_in
     with cm.sampling_run():
         for _ in range(3):
             torch.testing.assert_close(run(cm, model, x, t), ref)
-        time.sleep(3 * background.RELEASE_POLL)
-        assert not background.WORKER.running() and not cm._job.released.is_set()
+        time.sleep(3 * pacing.POLL)
+        assert not background.WORKER.running() and not cm._job.started.is_set()
         assert graph_count() == g0 and cm._job.eager_calls == 3 and cm.compiling_in_background
         assert status_payload(cm)["state"] == "background-after-run"
-    time.sleep(3 * background.RELEASE_POLL)
+    time.sleep(3 * pacing.POLL)
     assert not cm._job.done.is_set() and graph_count() == g0  # over, but the server is busy
     assert status_payload(cm)["state"] == "background-after-run"
     host_state["idle"] = True
@@ -441,54 +444,96 @@ def test_a_cpu_models_compile_is_held_until_its_sampling_run_is_over(wan, wan_in
         torch.testing.assert_close(run(cm, model, x, t), ref)
     assert cm.swapped_at == 4 and cm.entry.graphs == 1
     infos = "\n".join(pack_log.infos())
-    assert "compile starts once this sampling run is over" in infos
-    assert "the sampling run is over and the server is idle: compiling" in infos
+    assert "compile runs while the server is idle and pauses while prompts run" in infos
+    assert "compiles in the background once the server is idle" in infos
     assert "swapped in at model call 4 (3 call(s) ran eagerly meanwhile)" in infos
 
 
 def test_a_failing_done_callback_warns_once_and_the_worker_goes_on(pack_log):
     """``Job.on_done`` (the badge's status) raising: one warning, and the next job still runs."""
-    jobs = [background.submit(lambda: None, f"job {i}", hold=True) for i in range(2)]
+    gate = threading.Event()
+    jobs = [background.submit(lambda: gate.wait(60), f"job {i}") for i in range(2)]
     for job in jobs:
         job.on_done = lambda: 1 / 0
-    background.release_held()
+    gate.set()
     assert background.wait_idle(60) and all(j.done.is_set() and j.error is None for j in jobs)
     warnings = [w for w in pack_log.warnings() if "after the background compile of job" in w]
     assert len(warnings) == 1 and "ZeroDivisionError" in warnings[0], pack_log.warnings()
 
 
-def test_a_held_compile_starts_beside_the_next_sampling_run(wan, wan_inputs, graph_count, host_state):
-    """A queue of prompts keeps the server busy: the next sampling run releases the compile,
-    and that run's calls run eagerly beside it until it is done."""
-    model = wan.Model(n_blocks=2).eval()
-    x, t = wan_inputs()
-    ref = eager(model, x, t)
-    cm = engine.prepare(model, _bg())
-    with cm.sampling_run():
-        run(cm, model, x, t)
-    job = cm._job
-    assert not job.released.is_set()
-    with cm.sampling_run():
-        assert job.released.is_set()
-        assert job.done.wait(300) and background.wait_idle(300)
-        torch.testing.assert_close(run(cm, model, x, t), ref)
-    assert cm.swapped_at == 2 and cm.entry.graphs == 1
+def test_a_cpu_compile_pauses_while_a_prompt_runs_and_goes_on_when_idle(host_state, pack_log):
+    """A yielding job pauses at its next pause point once the server is busy (the sampling
+    thread gets the interpreter lock and the cores), and goes on when it is idle again."""
+    host_state["idle"] = True
+    progress, stop = [0], threading.Event()
+    graph = torch.fx.symbolic_trace(lambda x: (x + 1).relu() * 2)
+
+    def compile_like():  # torch.fx interpreting node after node, as a compile's Python phases
+        while not stop.is_set():
+            progress[0] += 1
+            torch.fx.Interpreter(graph).run(torch.ones(2))
+    job = background.submit(compile_like, "a model", yields=True)
+    assert job.started.wait(10)
+    time.sleep(0.2)
+    host_state["idle"] = False
+    deadline = time.monotonic() + 5
+    while not job.paused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job.paused and not background.WORKER.running()
+    at_pause = progress[0]
+    time.sleep(0.5)
+    assert progress[0] - at_pause <= 1  # no progress while paused
+    host_state["idle"] = True
+    time.sleep(0.3)
+    assert progress[0] > at_pause + 10 and not job.paused
+    stop.set()
+    assert job.done.wait(10) and job.error is None and job.pauses == 1 and job.paused_s > 0.4
+    infos = [m for m in pack_log.infos() if "pauses while prompts run" in m]
+    assert len(infos) == 1 and "a model" in infos[0]
 
 
-def test_waiting_for_the_worker_releases_a_held_compile(wan, wan_inputs, host_state):
+def test_a_paused_compile_goes_on_while_another_thread_needs_dynamo(host_state):
+    """A paused compile holds dynamo's process-wide compile lock: a torch.compile on another
+    thread (another pack's, in the prompt) must not wait for the server to be idle."""
+    host_state["idle"] = True
+    begun = threading.Event()
+
+    def slow(x):
+        for _ in range(60):
+            x = torch.sin(x) * 1.01 + x.cos()
+        return x
+
+    def compile_job():
+        host_state["idle"] = False  # a prompt starts as the compile begins: it pauses in dynamo
+        begun.set()
+        torch.compile(slow, backend="eager")(torch.randn(8))
+    job = background.submit(compile_job, "a model", yields=True)
+    assert begun.wait(10)
+    time.sleep(0.3)
+    out = []
+    other = threading.Thread(target=lambda: out.append(torch.compile(torch.cos, backend="eager")(torch.ones(2))))
+    other.start()
+    other.join(60)
+    assert not other.is_alive() and torch.equal(out[0], torch.ones(2).cos())
+    assert job.done.wait(60) and job.error is None  # it went on and finished meanwhile
+
+
+def test_waiting_for_the_worker_starts_a_compile_that_waits_for_the_server(wan, wan_inputs, host_state):
     """Compile-ahead, the Diagnostics node or a model compiled in the foreground wait for the
-    worker: a held job must start then, not hold them until the server is idle."""
+    worker: a job that waits for an idle server must start then, and not pause."""
     model = wan.Model(n_blocks=2).eval()
     x, t = wan_inputs()
     cm = engine.prepare(model, _bg())
     with cm.sampling_run():
         run(cm, model, x, t)
-        assert not cm._job.released.is_set()
+        time.sleep(3 * pacing.POLL)
+        assert not cm._job.started.is_set()
         assert background.wait_idle(300) and cm._job.done.is_set() and cm._job.error is None
+        assert cm._job.pauses == 0
 
 
 @pytest.mark.parametrize("device", ["cuda", "mps"])
-def test_a_gpu_models_compile_is_not_held(wan, wan_inputs, host_state, device, monkeypatch):
+def test_a_gpu_models_compile_does_not_yield(wan, wan_inputs, host_state, device, monkeypatch):
     """On an accelerator the run barely uses the CPU: the compile starts beside it at once.
     FAKE device: the captured regions are queued as a CUDA/MPS model's would be (the compile
     itself is stopped before it starts, as none of these devices is here)."""
@@ -498,7 +543,7 @@ def test_a_gpu_models_compile_is_not_held(wan, wan_inputs, host_state, device, m
     monkeypatch.setattr(cm, "_compile_captured", lambda *a: gate.wait(60))
     with cm.sampling_run():
         cm._queue([], torch.device(device), "the first input")
-        assert cm._job.released.is_set()
+        assert not cm._job.yields and cm._job.started.wait(10)  # at once, though the server is busy
     gate.set()
     assert background.wait_idle(60)
 
@@ -515,18 +560,18 @@ def test_saved_regions_say_whether_every_region_has_a_file(tmp_path, wan):
     assert not fast.saved(blocks + [model.head], CPU)
 
 
-def test_a_broken_idle_check_starts_the_held_compile_with_one_warning(wan, wan_inputs, monkeypatch,
-                                                                       pack_log):
+def test_a_broken_idle_check_starts_the_waiting_compile_with_one_warning(wan, wan_inputs, monkeypatch,
+                                                                          pack_log):
     def broken():
         raise RuntimeError("no prompt queue")
-    monkeypatch.setattr(background, "_IDLE_CHECK", [broken])
+    monkeypatch.setattr(pacing, "_IDLE_CHECK", [broken])
     model = wan.Model(n_blocks=2).eval()
     x, t = wan_inputs()
     cm = engine.prepare(model, _bg())
     with cm.sampling_run():
         run(cm, model, x, t)
-    assert cm._job.done.wait(300)
-    assert [w for w in pack_log.warnings() if "could not tell whether the server is idle" in w]
+    assert cm._job.done.wait(300) and cm._job.pauses == 0
+    assert len([w for w in pack_log.warnings() if "could not tell whether the server is idle" in w]) == 1
 
 
 def test_each_job_runs_in_a_thread_that_ends_with_it():

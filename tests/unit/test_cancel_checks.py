@@ -53,7 +53,7 @@ def test_diagnose_stops_measuring_at_a_cancel(wan, wan_inputs, exc):
     model = wan.Model(n_blocks=2, dim=32)
     x, t = wan_inputs()
     cm = engine.prepare(model, CompileSettings.from_args(
-        build_compile_args(backend="aot_eager", mode="default")))
+        build_compile_args(backend="aot_eager", mode="default", background_compile=False)))
     calls = []
 
     def eager():

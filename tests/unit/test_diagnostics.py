@@ -318,6 +318,7 @@ def test_wan_inputs_from_a_latent_shape():
 def settings(**kw):
     kw.setdefault("backend", "aot_eager")
     kw.setdefault("mode", "default")
+    kw.setdefault("background_compile", False)
     return CompileSettings.from_args(build_compile_args(**kw))
 
 

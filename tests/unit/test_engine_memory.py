@@ -28,6 +28,7 @@ BOUND = 4
 def settings(**kw):
     kw.setdefault("backend", "aot_eager")
     kw.setdefault("mode", "default")
+    kw.setdefault("background_compile", False)  # (the tests of background mode ask for it)
     return CompileSettings.from_args(build_compile_args(**kw))
 
 
@@ -152,20 +153,23 @@ def test_a_model_compiled_in_the_background_is_freed_once_dropped(wan, swapped):
     assert [r() is None for r in refs] == [True, True]
 
 
-def test_a_held_background_compile_of_a_dropped_model_is_dropped(wan, pack_log):
-    """On the CPU a sampling run's background compile is held until the server is idle; a
-    model ComfyUI lets go meanwhile is freed at once, and its job compiles nothing."""
-    from compile_core import background
+def test_a_waiting_background_compile_of_a_dropped_model_is_dropped(wan, pack_log, monkeypatch):
+    """On the CPU a background compile waits until the server is idle; a model ComfyUI lets go
+    meanwhile is freed at once, and its job compiles nothing."""
+    from compile_core import background, pacing
+    host = {"idle": False}
+    monkeypatch.setattr(pacing, "_IDLE_CHECK", [lambda: host["idle"]])
     model = wan.Model(n_blocks=2).eval()
     x, t = torch.randn(1, 6, 8), torch.rand(1)
     cm = engine.prepare(model, settings(background_compile=True))
     with torch.no_grad(), cm.sampling_run():
         cm.run(model, lambda: model(x, t), CPU)
     job = cm._job
-    assert job is not None and not job.released.is_set()  # held
+    assert job is not None and job.yields and not job.started.is_set()  # waiting for the server
     refs = [weakref.ref(model), weakref.ref(model.blocks[0].qkv.weight), weakref.ref(cm)]
     del model, cm
     gc.collect()
     assert [r() is None for r in refs] == [True, True, True]
+    host["idle"] = True
     assert background.wait_idle(60) and job.error is None and job.result == 0
     assert any("dropped: its model is gone" in m for m in pack_log.infos())

@@ -148,7 +148,7 @@ def test_engine_falls_back_when_compiled_region_raises_from_dynamo(monkeypatch):
     from compile_core.settings import CompileSettings, build_compile_args
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    settings = CompileSettings.from_args(build_compile_args(
+    settings = CompileSettings.from_args(build_compile_args(background_compile=False,
         backend="eager", mode="default", compile_transformer_blocks_only=False))
     cm = engine.prepare(model, settings, registry=ReuseRegistry())
     cm.entry.compiled = lambda module, *a, **k: _raise_from_dynamo_guards()

@@ -43,7 +43,7 @@ CHILD = textwrap.dedent("""
     from compile_core import engine
     from compile_core.persist import PersistentCache
     from compile_core.settings import CompileSettings, build_compile_args
-    settings = CompileSettings.from_args(build_compile_args(backend="inductor", mode={mode!r}))
+    settings = CompileSettings.from_args(build_compile_args(backend="inductor", mode={mode!r}, background_compile=False))
     model = tiny.build()
     for block in model.blocks[:{grad_blocks}]:  # what a LoRA patch leaves: requires_grad differs
         block.qkv.weight.requires_grad_(True)
@@ -160,7 +160,7 @@ def test_weights_whose_requires_grad_differs_get_their_own_saved_variant(tmp_pat
 
 
 def _settings():
-    return CompileSettings.from_args(build_compile_args(backend="inductor", mode="default"))
+    return CompileSettings.from_args(build_compile_args(backend="inductor", mode="default", background_compile=False))
 
 
 @pytest.mark.slow
@@ -463,7 +463,8 @@ def test_a_sampling_run_keys_the_regions_at_its_first_model_call_only():
     """``CompiledModel.sampling_run`` (the bridge's sampling wrapper): ComfyUI replaces modules
     when it loads the model, before a run's first call, so the keys are made then; outside a
     run every call makes them."""
-    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default"))
+    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default",
+                                                           background_compile=False))
     model, x = tiny.build(), torch.randn(2, 4, 8)
     cm = engine.prepare(model, settings, engine.ReuseRegistry())
     cm.entry.compiled, cm.entry.graphs = nn.Module._call_impl, 1  # the keying is tested, not a compile
@@ -486,7 +487,7 @@ def test_only_regional_inductor_compiles_without_cuda_graphs_use_it(monkeypatch)
     monkeypatch.delenv(precompiled.OFF_ENV)
     assert not precompiled.supported(s, regional=False)
     for kw in ({"backend": "aot_eager"}, {"mode": "reduce-overhead"}, {"mode": "max-autotune"}):
-        args = build_compile_args(**{"backend": "inductor", "mode": "default", **kw})
+        args = build_compile_args(**{"backend": "inductor", "mode": "default", "background_compile": False, **kw})
         assert not precompiled.supported(CompileSettings.from_args(args), regional=True), kw
 
 

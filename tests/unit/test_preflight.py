@@ -33,6 +33,7 @@ FP8 = getattr(torch, "float8_e4m3fn", None)
 def settings(**kw):
     kw.setdefault("backend", "inductor")
     kw.setdefault("mode", "default")
+    kw.setdefault("background_compile", False)
     return CompileSettings.from_args(build_compile_args(**kw))
 
 

@@ -73,7 +73,8 @@ def test_first_compile_records_the_traced_source_files(tmp_path, wan, wan_inputs
     cache = PersistentCache(tmp_path / "cache")
     model = wan.Model(n_blocks=2).eval()
     x, t = wan_inputs()
-    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default"))
+    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default",
+                                                           background_compile=False))
     compiled = engine.prepare(model, settings, persistent=cache)
     with torch.no_grad():
         compiled.run(model, lambda: model(x, t), torch.device("cpu"))

@@ -305,7 +305,8 @@ def test_declared_family_is_not_rediscovered():
 def test_discovered_plan_fingerprint_is_stable_and_names_the_blocks():
     from compile_core.fingerprint import fingerprint
     from compile_core.settings import CompileSettings, build_compile_args
-    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default"))
+    settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default",
+                                                           background_compile=False))
     a, b = TwoStreamDiT(), TwoStreamDiT()
     assert fingerprint(a, plan_regions(a, True), settings) == fingerprint(b, plan_regions(b, True), settings)
     whole = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default",

@@ -230,7 +230,7 @@ def test_without_recompile_limit_kwarg_simulated_the_config_knob_carries_the_lim
 
 
 def test_saved_regions_off_when_aot_compile_does_not_work_simulated(monkeypatch):
-    s = CompileSettings.from_args(build_compile_args(backend="inductor", mode="default"))
+    s = CompileSettings.from_args(build_compile_args(backend="inductor", mode="default", background_compile=False))
     monkeypatch.setattr(tc, "load_compiled_function", lambda: True)
     assert precompiled.supported(s, regional=True) is tc.guard_filter_fn() is True
     monkeypatch.setattr(tc, "load_compiled_function", lambda: False)

@@ -1,0 +1,166 @@
+"""A background compile of a CPU model yields to prompts.
+
+On the CPU the compile and the model share the same cores, and dynamo's tracing (pure Python)
+shares the interpreter lock with the sampling thread: a compile beside a prompt made its steps
+2-4x slower (``benchmarks/results/background_cpu.md``). So a *yielding* job starts only once the
+host is idle (ComfyUI: no prompt running or queued, ``set_idle_check``), and once started it
+gives way to prompts (``paced``):
+- in its Python phases it pauses at torch's per-instruction and per-node methods
+  (``torch_compat.pause_points``; a profile hook at every call cost 30-50 % of the compile),
+  sleeping without the interpreter lock until the host is idle again;
+- on Linux its thread runs at the lowest CPU priority, and so do the C++ compilers it starts
+  (they inherit it): they take the cores only when the prompt leaves them free.
+
+A pause must never hold something the prompt needs:
+- not inside the logging or import machinery (their locks), nor inside ``unpaused`` (the pack's
+  own locks the sampling thread takes): the hook waits for a later call;
+- dynamo compiles under one process-wide lock, which the paused compile holds: while another
+  thread is inside dynamo (another pack's torch.compile in the prompt, waiting for that lock),
+  the compile goes on until it is done with the lock;
+- whoever waits for the worker (``waiting``: a foreground compile, Diagnostics, a benchmark)
+  needs it done: no pause then, and a job that has not started starts at once.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from typing import Callable, Iterator
+
+from . import log, torch_compat
+
+CHECK_INTERVAL = 0.05  # s between the hook's questions (it runs at every Python call)
+POLL = 0.05  # s between questions while paused or waiting to start
+_IDLE_CHECK: list[Callable[[], bool]] = [lambda: True]
+_waiters = 0
+_lock = threading.Lock()
+# frames of these modules may hold a lock the prompt's thread takes too: no pause inside them
+_NO_PAUSE_IN = ("logging", "importlib._bootstrap", "importlib._bootstrap_external")
+_unpaused = threading.local()  # ``depth``: inside ``unpaused`` on this thread
+
+
+def set_idle_check(check: Callable[[], bool]) -> None:
+    """The host's "nothing is running or queued" test (default: always idle)."""
+    _IDLE_CHECK[0] = check
+
+
+def host_idle() -> bool:
+    try:
+        return bool(_IDLE_CHECK[0]())
+    except Exception as exc:  # noqa: BLE001 - a broken check must not hold a compile forever
+        log.warn_once("bg-idle-check", "could not tell whether the server is idle (%s: %s); the "
+                      "background compile runs on", type(exc).__name__, exc)
+        return True
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """Someone waits for the worker inside the block: yielding jobs neither wait nor pause."""
+    global _waiters
+    with _lock:
+        _waiters += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _waiters -= 1
+
+
+def _may_run() -> bool:
+    return _waiters > 0 or host_idle()
+
+
+def start_when_idle(label: str) -> float:
+    """Block until a yielding job may start; the seconds it waited."""
+    start = time.monotonic()
+    if _may_run():
+        return 0.0
+    log.info("%s compiles in the background once the server is idle", label)
+    while not _may_run():
+        time.sleep(POLL)
+    return time.monotonic() - start
+
+
+class _Pacer:
+    """Called at the pause points: pauses the job while the host is busy."""
+
+    def __init__(self, job):
+        self.job, self.next_check = job, 0.0
+
+    def __call__(self):
+        now = time.monotonic()
+        if now < self.next_check:
+            return
+        self.next_check = now + CHECK_INTERVAL
+        if _may_run() or not _safe_to_pause(sys._getframe(1)):
+            return
+        self.job.pauses += 1
+        if self.job.pauses == 1:
+            log.info("the background compile of %s pauses while prompts run, and goes on when "
+                     "the server is idle", self.job.label)
+        self.job.paused = True
+        try:
+            while not (_may_run() or _other_thread_in_dynamo()):
+                time.sleep(POLL)
+        finally:
+            self.job.paused = False
+        self.job.paused_s += time.monotonic() - now
+        self.next_check = time.monotonic() + CHECK_INTERVAL
+
+
+@contextlib.contextmanager
+def unpaused() -> Iterator[None]:
+    """No pause of this thread inside the block (it holds a lock the sampling thread takes)."""
+    _unpaused.depth = getattr(_unpaused, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _unpaused.depth -= 1
+
+
+def _safe_to_pause(frame) -> bool:
+    if getattr(_unpaused, "depth", 0):
+        return False
+    while frame is not None:
+        if frame.f_globals.get("__name__", "") in _NO_PAUSE_IN:
+            return False
+        frame = frame.f_back
+    return not _other_thread_in_dynamo()
+
+
+def _other_thread_in_dynamo() -> bool:
+    """Another thread is inside dynamo now (compiling, or waiting for dynamo's lock, which a
+    paused compile holds)."""
+    me = threading.get_ident()
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        while frame is not None:
+            if frame.f_globals.get("__name__", "").startswith("torch._dynamo.convert_frame"):
+                return True
+            frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def paced(job, own_thread: bool) -> Iterator[None]:
+    """Inside the block the calling thread gives way to prompts (module docstring). Its
+    priority is lowered only when it is a thread of its own, which ends with the job
+    (``own_thread``): a thread cannot raise it again."""
+    if own_thread:
+        _lowest_priority()
+    with torch_compat.pause_points(_Pacer(job)):
+        yield
+
+
+def _lowest_priority() -> None:
+    """This thread, and the processes it starts, at the lowest CPU priority (Linux: nice is per
+    thread and inherited by children; elsewhere nothing changes)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
