@@ -59,10 +59,10 @@ class Job:
         self.result = None  # what ``fn`` returned
         self.on_done: Callable[[], None] | None = None  # called on the worker once ``done`` is set
 
-    def _run(self, own_thread: bool) -> None:
+    def _run(self) -> None:
         start = time.perf_counter()
         try:
-            with pacing.paced(self, own_thread) if self.yields else contextlib.nullcontext():
+            with pacing.paced(self) if self.yields else contextlib.nullcontext():
                 self.result = self.context.run(self.fn)
         except BaseException as exc:  # noqa: BLE001 - the engine reports it (one warning)
             # classified while its frames are there; then they go (they hold the captured inputs)
@@ -139,7 +139,7 @@ class _Worker:
                 job = None  # (not held while the loop waits for the next one)
 
 
-def _in_own_thread(fn: Callable[[bool], None], label: str) -> None:
+def _in_own_thread(fn: Callable[[], None], label: str) -> None:
     """Run ``fn`` in a thread that ends with it. A compile runs its graphs once on the captured
     inputs, and on the CPU their OpenMP loops give the calling thread a thread team of its own
     that lives as long as the thread. With a second team alive, the OpenMP runtime has more
@@ -147,12 +147,12 @@ def _in_own_thread(fn: Callable[[bool], None], label: str) -> None:
     slower (measured, 2 cores, tiny WAN: the regional graphs 52 -> 90 ms a call after a compile
     on the long-lived worker; unchanged after one in a thread that ended). Not on a torch where
     a thread that compiled must not end (``compile_threads``): there ``fn`` runs on the worker,
-    which never ends. ``fn`` is told which (``own_thread``)."""
+    which never ends."""
     from . import compile_threads
     if not compile_threads.after_a_thread_ends():
-        fn(False)
+        fn()
         return
-    thread = threading.Thread(target=fn, args=(True,), name=f"tcs-compile {label}"[:60], daemon=True)
+    thread = threading.Thread(target=fn, name=f"tcs-compile {label}"[:60], daemon=True)
     thread.start()
     thread.join()
 
@@ -283,8 +283,9 @@ def _core_for_worker(device: torch.device | None) -> Iterator[None]:
     (their steps barely use the CPU's threads) are left alone, and so is a call beside a job
     that waits or pauses for the prompts (``pacing``)."""
     n = torch.get_num_threads()
-    if device is None or device.type != "cpu" or n < 2 or not WORKER.running():
-        yield
+    job = WORKER.current
+    if device is None or device.type != "cpu" or n < 2 or not WORKER.running() or (job is not None and job.yields):
+        yield  # (a yielding job pauses in its Python phases and its compilers run at the lowest priority)
         return
     torch.set_num_threads(n - 1)
     try:

@@ -8,8 +8,10 @@ gives way to prompts (``paced``):
 - in its Python phases it pauses at torch's per-instruction and per-node methods
   (``torch_compat.pause_points``; a profile hook at every call cost 30-50 % of the compile),
   sleeping without the interpreter lock until the host is idle again;
-- on Linux its thread runs at the lowest CPU priority, and so do the C++ compilers it starts
-  (they inherit it): they take the cores only when the prompt leaves them free.
+- the C++ compilers the process runs meanwhile (inductor's g++ and the like) run at the lowest
+  CPU priority (``_Compilers``): they take the cores only when the prompt leaves them free. The
+  compile's own thread keeps its priority: a thread that holds the interpreter lock must not
+  wait for a core behind the compilers while the sampling thread waits for the lock.
 
 A pause must never hold something the prompt needs:
 - not inside the logging or import machinery (their locks), nor inside ``unpaused`` (the pack's
@@ -144,23 +146,48 @@ def _other_thread_in_dynamo() -> bool:
     return False
 
 
+# the processes a compile starts (inductor's C++ builds, Triton's ptxas): lowered while a job runs
+COMPILERS = frozenset({"cc1plus", "cc1", "g++", "gcc", "c++", "cc", "clang", "clang++", "as", "ld",
+                       "collect2", "ptxas", "nvcc", "cl.exe", "link.exe"})
+RENICE_INTERVAL = 0.1  # s
+
+
+class _Compilers:
+    """While a job runs, a thread gives the process's compiler children the lowest priority."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="tcs-compile-priority", daemon=True)
+
+    def _loop(self) -> None:
+        try:
+            import psutil  # (ComfyUI's own dependency)
+        except ImportError:
+            return
+        me, done = psutil.Process(), set()
+        while not self.stop.wait(RENICE_INTERVAL):
+            try:
+                children = me.children(recursive=True)
+            except psutil.Error:
+                continue
+            for child in children:
+                if child.pid in done:
+                    continue
+                try:
+                    if child.name() in COMPILERS:
+                        child.nice(19 if os.name != "nt" else psutil.IDLE_PRIORITY_CLASS)
+                    done.add(child.pid)
+                except (psutil.Error, OSError):
+                    pass
+
+
 @contextlib.contextmanager
-def paced(job, own_thread: bool) -> Iterator[None]:
-    """Inside the block the calling thread gives way to prompts (module docstring). Its
-    priority is lowered only when it is a thread of its own, which ends with the job
-    (``own_thread``): a thread cannot raise it again."""
-    if own_thread:
-        _lowest_priority()
-    with torch_compat.pause_points(_Pacer(job)):
-        yield
-
-
-def _lowest_priority() -> None:
-    """This thread, and the processes it starts, at the lowest CPU priority (Linux: nice is per
-    thread and inherited by children; elsewhere nothing changes)."""
-    if not sys.platform.startswith("linux"):
-        return
+def paced(job) -> Iterator[None]:
+    """Inside the block the calling thread gives way to prompts (module docstring)."""
+    compilers = _Compilers()
+    compilers.thread.start()
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (OSError, AttributeError):
-        pass
+        with torch_compat.pause_points(_Pacer(job)):
+            yield
+    finally:
+        compilers.stop.set()

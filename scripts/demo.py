@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "host"))
-from harness import (HOST_VERSION, NODE_DEFAULTS, ComfyHost, fallback_lines, make_tiny_wan,  # noqa: E402
+from harness import (BACKGROUND_DONE, HOST_VERSION, NODE_DEFAULTS, ComfyHost, fallback_lines, make_tiny_wan,  # noqa: E402
                      pack_lines, wan_t2v_prompt)
 
 
@@ -37,7 +37,7 @@ def main() -> int:
 
     model = make_tiny_wan(num_layers=args.blocks, dim=args.dim)
     name = model.name
-    settings = NODE_DEFAULTS  # the settings node as it comes (mode speed, regional, reuse on)
+    settings = NODE_DEFAULTS  # the settings node as it comes (mode speed, regional, background compile)
     with tempfile.TemporaryDirectory(prefix="tcs_demo_") as base:
         print(f"starting ComfyUI (CPU) in {base} ...", flush=True)
         with ComfyHost(base, models=[model]) as host:
@@ -45,9 +45,11 @@ def main() -> int:
             for i in range(args.runs + 1):  # run 0 loads the model
                 eager.append(timed(host, wan_t2v_prompt(name, apply=False, steps=args.steps,
                                                         prefix=f"eager{i}")))
-            for i in range(args.runs + 1):  # run 0 compiles
+            for i in range(args.runs + 1):  # run 0 runs eagerly and queues the compile
                 compiled.append(timed(host, wan_t2v_prompt(name, compile_settings=settings,
                                                            steps=args.steps, prefix=f"compiled{i}")))
+                if i == 0:  # the compile runs once the server is idle: wait for it
+                    host.wait_for_pack_line(BACKGROUND_DONE)
             new_size, _ = timed(host, wan_t2v_prompt(name, compile_settings=settings, steps=args.steps,
                                                      width=160, height=96, length=9, prefix="size"))
         print("restarting ComfyUI on the same directory ...", flush=True)
@@ -66,7 +68,8 @@ def main() -> int:
     print(f"{'':<44}{'seconds':>9}")
     print(f"{'eager, first run (model load)':<44}{eager[0][0]:>9.2f}")
     print(f"{'eager, steady':<44}{e_steady:>9.3f}")
-    print(f"{'Apply Torch Compile, first run (cold compile)':<44}{compiled[0][0]:>9.2f}")
+    print(f"{'Apply Torch Compile, first run (no wait)':<44}{compiled[0][0]:>9.2f}")
+    print(f"{'  its compile, in the background afterwards':<44}{background_seconds(log):>9.2f}")
     print(f"{'Apply Torch Compile, steady':<44}{c_steady:>9.3f}")
     print(f"{'compiled, new size 160x96x9 (no recompile)':<44}{new_size:>9.2f}")
     print(f"{'compiled, first run after a server restart':<44}{restart:>9.2f}")
@@ -85,6 +88,7 @@ def main() -> int:
         import torch
 
         timings = {"eager_first_s": eager[0][0], "eager_steady_s": e_steady, "cold_s": compiled[0][0],
+                   "background_compile_s": background_seconds(log),
                    "compiled_steady_s": c_steady, "new_size_s": new_size, "restart_s": restart}
         result = {"torch": torch.__version__, "host": HOST_VERSION, "ok": status == 0,
                   "problems": problems(log, err, saved), "rel_l2": err,
@@ -93,6 +97,12 @@ def main() -> int:
                   "args": vars(args)}
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return status
+
+
+def background_seconds(log: str) -> float:
+    """How long the first server's background compile took (the pack's "finished in" line)."""
+    m = re.search(r"background compile of .* finished in ([\d.]+) s", log)
+    return float(m.group(1)) if m else float("nan")
 
 
 def saved_regions_available() -> bool:
@@ -120,7 +130,7 @@ def log_facts(log: str) -> dict:
     """What the pack's log says: compiled or not, graphs (first server, restarted server),
     saved regions used or why not."""
     compiled = [_msg(ln) for ln in pack_lines(log, "compiled WanAttentionBlock")
-                if "graph(s)" in ln]
+                if "graph(s)" in ln]  # (in the background, or in a prompt)
     loaded = [_msg(ln) for ln in pack_lines(log, "saved region(s), no trace")]
     fallback = [_msg(ln) for ln in fallback_lines(log)]
     why_not = [_msg(ln) for ln in log.splitlines() if "[TorchCompileSpeed]" in ln
