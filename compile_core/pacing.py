@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 
 from . import log, torch_compat
 
-CHECK_INTERVAL = 0.05  # s between the hook's questions (it runs at every Python call)
+CHECK_INTERVAL = 0.02  # s between the questions at the pause points
 POLL = 0.05  # s between questions while paused or waiting to start
 _IDLE_CHECK: list[Callable[[], bool]] = [lambda: True]
 _waiters = 0
@@ -149,7 +149,7 @@ def _other_thread_in_dynamo() -> bool:
 # the processes a compile starts (inductor's C++ builds, Triton's ptxas): lowered while a job runs
 COMPILERS = frozenset({"cc1plus", "cc1", "g++", "gcc", "c++", "cc", "clang", "clang++", "as", "ld",
                        "collect2", "ptxas", "nvcc", "cl.exe", "link.exe"})
-RENICE_INTERVAL = 0.1  # s
+RENICE_INTERVAL = 0.05  # s: a compiler runs at most this long at its normal priority
 
 
 class _Compilers:

@@ -8,8 +8,8 @@ import pytest
 import requests
 import torch
 
-from harness import (ComfyHost, PromptError, counters_delta, make_tiny_wan, new_graphs, pack_lines,
-                     rel_l2, wan_t2v_prompt)
+from harness import (NODE_DEFAULTS, ComfyHost, PromptError, counters_delta, make_tiny_wan, new_graphs,
+                     pack_lines, rel_l2, wan_t2v_prompt)
 
 BG = {"backend": "aot_eager", "background_compile": True}  # real dynamo tracing, no C++ build
 STEPS = 6
@@ -120,7 +120,7 @@ def test_a_cpu_models_compile_waits_for_the_end_of_the_run_and_the_next_run_is_c
     assert "background-after-run" in states and states[-1] == "cold", states
     assert rel_l2(host.latent(hist), eager_ref) < 1e-3
     assert _calls(log) == {n: 0 for n in range(1, STEPS + 1)}, log  # eager throughout
-    assert len(pack_lines(log, "pauses while prompts run")) == 1, log
+    assert len(pack_lines(log, "its background compile runs while the server is idle")) == 1, log
     assert len(pack_lines(log, "compiles in the background once the server is idle")) == 1, log
     # it compiled once the prompt was done (its last step came before any compile)
     assert log.index(f"TCSTest: call {STEPS} ") < log.index("compiled WanAttentionBlock x2 in the background: "), log
@@ -252,3 +252,54 @@ def test_two_models_in_one_workflow_each_compile_in_the_background(host):
     assert new_graphs(counters_delta(*last)) == 0
     for t in models:
         assert rel_l2(host.latent(hist2, node_id=f"save{t}"), eager[t]) < 1e-3
+
+
+def test_with_the_node_defaults_the_first_run_does_not_wait_for_the_compile(host, tiny_wan, eager_ref):
+    """The settings node as it comes (background_compile left to the node's default, as in a
+    workflow saved before it existed): the first run is eager from its first step to its last,
+    the compile comes after it, and the next run is compiled from its first step."""
+    settings = {**NODE_DEFAULTS, "reuse_if_similar": False}  # its own compile, whatever ran before
+
+    def defaults_prompt(prefix):
+        p = _with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS, prefix=prefix),
+                         call=1000)
+        del p["settings"]["inputs"]["background_compile"]
+        return p
+    offset = host.log_offset()
+    hist = host.run(defaults_prompt("defaults_first"))
+    host.wait_for_pack_line("background compile of WanAttentionBlock x2 finished", since=offset)
+    log = host.log_text(since=offset)
+    assert _calls(log) == {n: 0 for n in range(1, STEPS + 1)}, log  # nothing waited for a compile
+    assert log.index(f"TCSTest: call {STEPS} ") < log.index("compiled WanAttentionBlock x2 in the background: "), log
+    assert rel_l2(host.latent(hist), eager_ref) < 1e-3
+    offset = host.log_offset()
+    hist2 = host.run(defaults_prompt("defaults_next"))
+    log2 = host.log_text(since=offset)
+    assert _calls(log2) == {n: 2 for n in range(1, STEPS + 1)}, log2
+    assert rel_l2(host.latent(hist2), eager_ref) < 1e-3
+
+
+def test_a_prompt_that_comes_during_the_compile_pauses_it(host, tiny_wan, eager_ref):
+    """A CPU model's compile runs while the server is idle: a prompt that comes meanwhile runs
+    (eagerly) without it, the compile pauses until the server is idle again, then finishes."""
+    settings = {**BG, "backend": "tcs_test_pausable_backend"}  # 3 s of pausable compile work
+    offset = host.log_offset()
+    host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
+                                         prefix="pause_first"), call=1000))
+    # the compile starts once the server is idle; a prompt comes 0.5 s into it
+    time.sleep(0.5)
+    start = time.monotonic()
+    hist = host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=10 * STEPS,
+                                                prefix="pause_during"), call=1000))
+    during = time.monotonic() - start
+    paused = pack_lines(host.log_text(since=offset), "the background compile of WanAttentionBlock x2 pauses")
+    assert len(paused) == 1, host.log_text(since=offset)
+    done = host.wait_for_pack_line("background compile of WanAttentionBlock x2 finished", since=offset)
+    pauses = re.search(r"(\d+) pause\(s\) for prompts \(([\d.]+) s\)", done[0])
+    assert pauses and float(pauses.group(2)) > 0.5 * during, (done, during)  # it waited out that prompt
+    log = host.log_text(since=offset)
+    assert all(v == 0 for v in _calls(log).values()), log  # both prompts ran eagerly
+    assert hist["status"]["status_str"] == "success"
+    hist3 = host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
+                                                 prefix="pause_after"), call=1000))
+    assert rel_l2(host.latent(hist3), eager_ref) < 1e-3

@@ -748,6 +748,26 @@ def _tcs_test_slow_backend(gm, example_inputs):
 if SLOW_BACKEND not in __import__("torch._dynamo.backends.registry", fromlist=["x"])._COMPILER_FNS:
     torch._dynamo.register_backend(name=SLOW_BACKEND)(_tcs_test_slow_backend)
 
+PAUSABLE_BACKEND = "tcs_test_pausable_backend"
+PAUSABLE_WORK = 300  # torch.fx interpretations of 10 ms each: 3 s of compile work when not paused
+
+
+def _tcs_test_pausable_backend(gm, example_inputs):
+    """TEST-ONLY backend: 3 s of work made of torch.fx interpretations (each node one of the
+    pack's pause points, as in a real compile's Python phases), then compiles like ``aot_eager``.
+    A background compile that pauses for a prompt takes that much longer."""
+    import time
+    from torch._dynamo.backends.registry import lookup_backend
+    graph = torch.fx.symbolic_trace(lambda x: (x + 1) * 2)
+    for _ in range(PAUSABLE_WORK):
+        torch.fx.Interpreter(graph).run(torch.ones(1))
+        time.sleep(0.01)
+    return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+if PAUSABLE_BACKEND not in __import__("torch._dynamo.backends.registry", fromlist=["x"])._COMPILER_FNS:
+    torch._dynamo.register_backend(name=PAUSABLE_BACKEND)(_tcs_test_pausable_backend)
+
 
 def _pack_module(name, package="compile_core"):
     """The pack's ``<package>.<name>`` module as ComfyUI loaded it (None when not loaded)."""
