@@ -228,8 +228,10 @@ def worker(args) -> dict:
         from compile_core import engine
         from compile_core.persist import PersistentCache
         from compile_core.settings import CompileSettings, build_compile_args
+        # the compile in the first call (background compile off), so that call times the compile
         settings = CompileSettings.from_args(build_compile_args(
-            backend=args.backend, mode=args.mode, compile_transformer_blocks_only=args.worker != "ours-whole"))
+            backend=args.backend, mode=args.mode, compile_transformer_blocks_only=args.worker != "ours-whole",
+            background_compile=False))
         t0 = time.perf_counter()
         # the pack's persistent cache, as ComfyUI runs it (the root comes from the env below),
         # so the restart pass loads the saved regions (compile_core/precompiled.py)

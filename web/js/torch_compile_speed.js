@@ -27,7 +27,7 @@ const DRIVERS = ["experimental_ptx", "mode", "declared_shapes"];
 const STATES = {
   pending: { label: "pending (not run yet)", color: "#9aa0a6" },
   compiling: { label: "compiling… (first step)", color: "#d29922" },
-  "background-after-run": { label: "compiles after this run (running eagerly)", color: "#d29922" },
+  "background-after-run": { label: "compiles when the server is idle (running eagerly)", color: "#d29922" },
   "compiling-background": { label: "compiling in the background (running eagerly)", color: "#d29922" },
   cold: { label: "compiled (cold)", color: "#f0b232" },
   warm: { label: "warm (compile cache)", color: "#58a6ff" },
