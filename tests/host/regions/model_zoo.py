@@ -101,6 +101,7 @@ def run_case(name: str, backend: str, mode: str) -> dict:
     logger.setLevel(logging.INFO)
     try:
         extra = {"shape_policy": zoo_cases.POLICY[name]} if name in zoo_cases.POLICY else {}
+        extra["background_compile"] = False  # graphs are counted in the first call
         settings = CompileSettings.from_args(build_compile_args(backend=backend, mode=mode, **extra))
         plan = regions.plan_regions(model, blocks_only=True)
         compiled = engine.prepare(model, settings, registry=ReuseRegistry())
