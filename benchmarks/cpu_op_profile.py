@@ -36,8 +36,8 @@ from comfy.ldm.wan.model import WanModel  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from compile_core import engine  # noqa: E402
-from compile_core.settings import CompileSettings, build_compile_args  # noqa: E402
+from compile_core.run import engine  # noqa: E402
+from compile_core.plan.settings import CompileSettings, build_compile_args  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "cpu_op_profile"
 

@@ -84,7 +84,7 @@ def main() -> int:
              f"--dim {args.dim}`",
              "- each worker: server start, one eager prompt (loads the model), then the timed "
              "compiled prompt; worker 2 fetches the shared prewarm manifest and the entries it "
-             "names in the background at start-up (compile_core/prewarm.py)", "",
+             "names in the background at start-up (compile_core/cache/prewarm.py)", "",
              "| store | worker 1 cold first run s | worker 2 first run s | worker 2 / worker 1 | target | "
              "worker 2 hit shared entry | worker 2 prewarmed from shared manifest | "
              "worker 2 loaded saved regions, no trace |",

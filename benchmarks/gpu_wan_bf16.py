@@ -1,6 +1,6 @@
 """GPU benchmark: a WAN 2.1 1.3B-shaped bf16 model (random weights, a few blocks) on CUDA,
 eager vs this pack's regional compile with the settings node's defaults (``ours-regional``:
-``compile_core.engine.prepare`` + ``run``, mode ``speed``) vs whole-model ``torch.compile`` as
+``compile_core.run.engine.prepare`` + ``run``, mode ``speed``) vs whole-model ``torch.compile`` as
 ComfyUI core's TorchCompileModel runs it (mode default); ``ours-whole`` is the pack's whole-model
 compile (``compile_transformer_blocks_only`` off).
 
@@ -225,16 +225,16 @@ def worker(args) -> dict:
         call = forward
     elif args.worker in ("ours-regional", "ours-whole"):
         sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
-        from compile_core import engine
-        from compile_core.persist import PersistentCache
-        from compile_core.settings import CompileSettings, build_compile_args
+        from compile_core.run import engine
+        from compile_core.cache.persist import PersistentCache
+        from compile_core.plan.settings import CompileSettings, build_compile_args
         # the compile in the first call (background compile off), so that call times the compile
         settings = CompileSettings.from_args(build_compile_args(
             backend=args.backend, mode=args.mode, compile_transformer_blocks_only=args.worker != "ours-whole",
             background_compile=False))
         t0 = time.perf_counter()
         # the pack's persistent cache, as ComfyUI runs it (the root comes from the env below),
-        # so the restart pass loads the saved regions (compile_core/precompiled.py)
+        # so the restart pass loads the saved regions (compile_core/cache/precompiled.py)
         cm = engine.prepare(model, settings, persistent=PersistentCache.default(""))
         info["prepare_s"] = time.perf_counter() - t0
         info["regions"] = cm.description
@@ -386,7 +386,7 @@ def write_md(res: dict, path: Path) -> None:
           "'after restart' is a new process with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR "
           "(and, for ours, the same persistent cache with its saved regions). "
           "Steady = CUDA-event time of one forward after warm-up. ours-regional is "
-          "`compile_core.engine.prepare` + `CompiledModel.run` with the settings node's defaults (blocks "
+          "`compile_core.run.engine.prepare` + `CompiledModel.run` with the settings node's defaults (blocks "
           "only, shape policy auto); "
           "torch-compile-whole is plain `torch.compile(model)` (core's TorchCompileModel: mode default); "
           "ours-whole is the pack's whole-model compile."]

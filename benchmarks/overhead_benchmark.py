@@ -1,7 +1,7 @@
 """What the pack itself adds to every model call.
 
 A real ComfyUI WAN 2.1 model (tiny, random weights, CPU, one thread) runs through the bridge
-(``nodes.comfy_bridge._run``: the LoRA weight routing, then ``compile_core.engine``) with the
+(``nodes.comfy_bridge._run``: the LoRA weight routing, then ``compile_core.run.engine``) with the
 settings node's defaults (mode ``speed``), every region running its eager forward instead of
 compiled code. Three measurements:
 
@@ -108,11 +108,11 @@ class AcceptingRegion:
 
 
 def compiled_model(pack, model, persistent_root: Path | None, compiled=identity):
-    engine, precompiled = pack("compile_core.engine"), pack("compile_core.precompiled")
-    settings_mod = pack("compile_core.settings")
+    engine, precompiled = pack("compile_core.run.engine"), pack("compile_core.cache.precompiled")
+    settings_mod = pack("compile_core.plan.settings")
     settings = settings_mod.CompileSettings.from_args(settings_mod.build_compile_args(mode="speed"))
-    persistent = pack("compile_core.persist").PersistentCache(persistent_root) if persistent_root else None
-    cm = engine.prepare(model, settings, pack("compile_core.registry").ReuseRegistry(), persistent=persistent)
+    persistent = pack("compile_core.cache.persist").PersistentCache(persistent_root) if persistent_root else None
+    cm = engine.prepare(model, settings, pack("compile_core.cache.registry").ReuseRegistry(), persistent=persistent)
     cm.entry.compiled = compiled  # no compiled code: only the pack's work is left
     cm.entry.graphs = 1  # as after the first compile: no first-compile work on the measured calls
     if persistent_root:
@@ -142,7 +142,7 @@ def interleaved(variants: dict, rounds: int, warm: int = 30, clock=time.thread_t
 
 def replay_rows(pack, model, call, rounds: int, tmp: Path) -> dict:
     """The pack's work per model call, on replayed block calls with identity regions."""
-    bridge, engine = pack("nodes.comfy_bridge"), pack("compile_core.engine")
+    bridge, engine = pack("nodes.comfy_bridge"), pack("compile_core.run.engine")
     calls = block_calls(model, call)
     cpu = calls[0][1][0].device
 
@@ -217,7 +217,7 @@ def in_model_call_rows(pack, model, call, calls: int, tmp: Path) -> dict:
     model call each in a shuffled order, so a noisy spell of the machine hits both."""
     import contextlib
     import torch.nn as nn
-    shapes, bridge = pack("compile_core.shapes"), pack("nodes.comfy_bridge")
+    shapes, bridge = pack("compile_core.plan.shapes"), pack("nodes.comfy_bridge")
     cpu = next(model.parameters()).device
     made = shapes.shaped_call
     paths = {name: _InCallPath(pack, bridge, model, call, cpu, root, nn.Module._call_impl)

@@ -77,11 +77,11 @@ def compiled_call(variant: str, model, inputs: tuple):
             block.compile()
     if variant.startswith("ours"):
         pack = load_pack()
-        engine, s = pack("compile_core.engine"), pack("compile_core.settings")
+        engine, s = pack("compile_core.run.engine"), pack("compile_core.plan.settings")
         extra = {"compile_transformer_blocks_only": False} if variant.startswith("ours whole") else {}
         settings = s.CompileSettings.from_args(s.build_compile_args(**{"mode": "speed", **extra,
                                                                        **WHOLE_SPLIT.get(variant, {})}))
-        cm = engine.prepare(model, settings, pack("compile_core.registry").ReuseRegistry())
+        cm = engine.prepare(model, settings, pack("compile_core.cache.registry").ReuseRegistry())
         return lambda: cm.run(model, call, x.device)
     return call
 

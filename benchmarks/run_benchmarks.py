@@ -79,7 +79,7 @@ def loadavg() -> list[float]:
 
 
 def dir_bytes(path: Path) -> int:
-    from compile_core.persist import dir_size
+    from compile_core.cache.persist import dir_size
     return dir_size(path)
 
 
@@ -292,7 +292,7 @@ def _comfy_import_setup(*comfy_args: str):
 
 
 def worker_apply_overhead(calls: int) -> dict:
-    """Time ``compile_core.engine.prepare`` on a reuse-registry hit for a ComfyUI WanModel with
+    """Time ``compile_core.run.engine.prepare`` on a reuse-registry hit for a ComfyUI WanModel with
     WAN 2.1 1.3B block dimensions on the meta device."""
     import gc
     import logging
@@ -301,10 +301,10 @@ def worker_apply_overhead(calls: int) -> dict:
     import torch
     import comfy.ops
     from comfy.ldm.wan.model import WanModel
-    from compile_core import engine
-    from compile_core.persist import PersistentCache
-    from compile_core.registry import ReuseRegistry
-    from compile_core.settings import CompileSettings, build_compile_args
+    from compile_core.run import engine
+    from compile_core.cache.persist import PersistentCache
+    from compile_core.cache.registry import ReuseRegistry
+    from compile_core.plan.settings import CompileSettings, build_compile_args
 
     # Like the server: the pack's INFO line is formatted and written for every prepare().
     logging.basicConfig(level=logging.INFO, stream=open(os.devnull, "w"))
@@ -645,7 +645,7 @@ def write_markdown(results: dict, path: Path) -> None:
               "cost, which dilutes the depth and regional/core ratios toward 1."]
     ao = results.get("apply_overhead")
     if ao:
-        L += ["", "## Apply-node overhead (in process, `compile_core.engine.prepare`)", "",
+        L += ["", "## Apply-node overhead (in process, `compile_core.run.engine.prepare`)", "",
               f"ComfyUI `WanModel` with WAN 2.1 1.3B dims (dim 1536, ffn 8960, 30 blocks, 12 heads, text_dim "
               f"4096; {ao['model']['parameters'] / 1e9:.2f} B params, {ao['model']['tensors']} tensors) on "
               f"the meta device; median of {ao['calls']} calls.", "",

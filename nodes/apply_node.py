@@ -1,13 +1,14 @@
 """Apply Torch Compile: MODEL + WANCOMPILEARGS -> a compiled clone of MODEL."""
 from __future__ import annotations
 
-from ..compile_core import background, engine, fallback, log, warmup
-from ..compile_core.paths import resolve_workflow_cache_dir
-from ..compile_core.fleet import Fleet
-from ..compile_core.persist import PersistentCache
-from ..compile_core.preflight import preflight
-from ..compile_core.settings import CompileSettings
-from ..compile_core.status import status_payload
+from ..compile_core.run import background, engine, fallback, warmup
+from ..compile_core.report import log
+from ..compile_core.plan.paths import resolve_workflow_cache_dir
+from ..compile_core.cache.fleet import Fleet
+from ..compile_core.cache.persist import PersistentCache
+from ..compile_core.plan.preflight import preflight
+from ..compile_core.plan.settings import CompileSettings
+from ..compile_core.report.status import status_payload
 
 
 class ApplyTorchCompile:

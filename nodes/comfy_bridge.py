@@ -12,9 +12,10 @@ import comfy.model_management
 import comfy.patcher_extension as patcher_extension
 import folder_paths
 
-from ..compile_core import log, pacing, warmup
-from ..compile_core.regions import family_of
-from ..compile_core.status import status_payload
+from ..compile_core.report import log
+from ..compile_core.run import pacing, warmup
+from ..compile_core.plan.regions import family_of
+from ..compile_core.report.status import status_payload
 from . import weight_routing
 from .dynamic_vram import compile_clone
 
@@ -33,7 +34,7 @@ def load_device(model_patcher):
 
 def server_idle() -> bool:
     """No prompt running or queued on this ComfyUI server (a CPU model's background compile runs
-    then, see ``compile_core.pacing``); True outside a server."""
+    then, see ``compile_core.run.pacing``); True outside a server."""
     from server import PromptServer
     instance = getattr(PromptServer, "instance", None)
     return instance is None or instance.prompt_queue.get_tasks_remaining() == 0
@@ -134,7 +135,7 @@ def diagnosis_calls(model_patcher, compiled, latent_samples):
     import types
     import uuid
 
-    from ..compile_core import regions
+    from ..compile_core.plan import regions
 
     comfy.model_management.load_models_gpu([model_patcher])
     base = model_patcher.model
@@ -243,7 +244,7 @@ def send_status(payload: dict) -> None:
 
 def prewarm_when_server_starts() -> bool:
     """Warm torch's compiler stack in the background once the server is up (after every custom
-    node has loaded, so no other pack's imports race ours); see compile_core.prewarm."""
+    node has loaded, so no other pack's imports race ours); see compile_core.cache.prewarm."""
     try:
         from server import PromptServer
         app, on_prompt = PromptServer.instance.app, PromptServer.instance.add_on_prompt_handler
@@ -256,7 +257,7 @@ def prewarm_when_server_starts() -> bool:
         except Exception as exc:  # noqa: BLE001 - an optimisation: ComfyUI must always start
             log.warning("background warm-up not started (%s: %s)", type(exc).__name__, exc)
 
-    on_prompt(after_startup_probes)  # the probes run beside no prompt: see compile_core.prewarm
+    on_prompt(after_startup_probes)  # the probes run beside no prompt: see compile_core.cache.prewarm
     app.on_startup.append(torch_compile_speed_prewarm)
     return True
 
@@ -268,9 +269,9 @@ _probe_wait = [PROBE_WAIT_S]  # 0 once a wait timed out: no prompt waits again
 def after_startup_probes(json_data):
     """ComfyUI's on-prompt hook: a prompt posted while the start-up warm-up still probes
     torch's features waits for the probes (they must not run beside compiled code; see
-    compile_core.prewarm), so it runs after them; never longer than ``PROBE_WAIT_S``, and
+    compile_core.cache.prewarm), so it runs after them; never longer than ``PROBE_WAIT_S``, and
     after one wait that timed out, no prompt waits again (it blocks ComfyUI's event loop)."""
-    from ..compile_core import prewarm
+    from ..compile_core.cache import prewarm
     try:
         wait = _probe_wait[0]
         if wait and not prewarm.probes_done(wait):
@@ -284,9 +285,9 @@ def after_startup_probes(json_data):
 
 def _start_prewarm() -> None:
     """Replay the prewarm manifest (ours, or a new worker's from the fleet) in the background."""
-    from ..compile_core import prewarm
-    from ..compile_core.fleet import Fleet
-    from ..compile_core.persist import PersistentCache
+    from ..compile_core.cache import prewarm
+    from ..compile_core.cache.fleet import Fleet
+    from ..compile_core.cache.persist import PersistentCache
     cache, fleet = PersistentCache.default(user_directory()), Fleet.from_env()
 
     def from_fleet():  # a new worker: the fleet's manifest, and its latest entries

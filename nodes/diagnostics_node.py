@@ -1,8 +1,9 @@
 """Torch Compile Diagnostics: MODEL (from Apply Torch Compile) + LATENT -> MODEL + a report."""
 from __future__ import annotations
 
-from ..compile_core import diagnostics, log
-from ..compile_core.status import remember_measurement, status_payload
+from ..compile_core.diagnose import diagnostics
+from ..compile_core.report import log
+from ..compile_core.report.status import remember_measurement, status_payload
 
 _TIPS = {
     "model": "The compiled model from 'Apply Torch Compile'. It is measured as it is and passed "

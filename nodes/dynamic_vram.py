@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..compile_core import log
+from ..compile_core.report import log
 
 
 def is_dynamic(model_patcher) -> bool:

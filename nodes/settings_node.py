@@ -1,8 +1,8 @@
 """Torch Compile Speed Settings: widgets in, a WANCOMPILEARGS dict out (no ComfyUI imports)."""
 from __future__ import annotations
 
-from ..compile_core.settings import BACKGROUND_DEFAULT, UI_MODES, backend_choices, build_compile_args
-from ..compile_core.shapes import POLICIES
+from ..compile_core.plan.settings import BACKGROUND_DEFAULT, UI_MODES, backend_choices, build_compile_args
+from ..compile_core.plan.shapes import POLICIES
 
 # Order matters: UI-format workflows store widget values by position. The first twelve
 # inputs are the original pack's, in its order and with its defaults; new ones go last.

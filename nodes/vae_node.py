@@ -1,15 +1,16 @@
 """Apply Torch Compile (VAE): VAE + WANCOMPILEARGS -> a copy of the VAE whose decode/encode
-run compiled (regions from ``compile_core.vae``, engine, reuse and caches as for models)."""
+run compiled (regions from ``compile_core.plan.vae``, engine, reuse and caches as for models)."""
 from __future__ import annotations
 
-from ..compile_core import engine, fallback, log
-from ..compile_core.fleet import Fleet
-from ..compile_core.paths import resolve_workflow_cache_dir
-from ..compile_core.persist import PersistentCache
-from ..compile_core.preflight import preflight
-from ..compile_core.settings import CompileSettings
-from ..compile_core.status import status_payload
-from ..compile_core.vae import CHOICES, plan_vae
+from ..compile_core.run import engine, fallback
+from ..compile_core.report import log
+from ..compile_core.cache.fleet import Fleet
+from ..compile_core.plan.paths import resolve_workflow_cache_dir
+from ..compile_core.cache.persist import PersistentCache
+from ..compile_core.plan.preflight import preflight
+from ..compile_core.plan.settings import CompileSettings
+from ..compile_core.report.status import status_payload
+from ..compile_core.plan.vae import CHOICES, plan_vae
 
 
 class ApplyTorchCompileVAE:

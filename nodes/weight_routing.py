@@ -1,4 +1,4 @@
-"""During a compiled run, ComfyUI's patched weight fetches go through ``compile_core.weight_fetch``.
+"""During a compiled run, ComfyUI's patched weight fetches go through ``compile_core.torch_support.weight_fetch``.
 
 Two places keep a LoRA where dynamo would trace it and guard on its strength (a float) and
 key (a string), one graph per block and per strength:
@@ -16,7 +16,7 @@ so a new strength is read at every call and never cached. Layers without a LoRA,
 functions other than LowVramPatch, are left as they are (traced as before). Used by
 ``comfy_bridge`` only.
 
-A background compile (``compile_core.background``) holds the routing on its worker thread
+A background compile (``compile_core.run.background``) holds the routing on its worker thread
 while the sampling thread enters and leaves it at every model call: each swapped attribute is
 counted by holder (``_HELD``) and put back when the last holder leaves, and only if it still
 holds the stand-in (ComfyUI may have set new patches meanwhile).
@@ -30,7 +30,8 @@ from typing import Iterator
 
 import torch
 
-from ..compile_core import log, weight_fetch
+from ..compile_core.report import log
+from ..compile_core.torch_support import weight_fetch
 
 _FUNCS = ("weight_function", "bias_function")
 _GGUF_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
@@ -178,7 +179,7 @@ def _routable(f) -> bool:
 @contextlib.contextmanager
 def routed(model, plan) -> Iterator[bool]:
     """Inside the block, patched weight fetches in the regions of ``model`` that ``plan``
-    (``compile_core.regions.RegionPlan``) compiles go through the op. Yields whether any did.
+    (``compile_core.plan.regions.RegionPlan``) compiles go through the op. Yields whether any did.
     Where this torch cannot (no opaque objects), nothing changes and one line says why a LoRA
     strength change recompiles here."""
     weight_fetch.register()  # (once) before a saved region that calls the op is loaded

@@ -79,8 +79,8 @@ def versions_of(py: str) -> dict:
 
 
 def features_of(py: str, ver: str) -> dict:
-    """The pack's own probe of this torch (compile_core.preflight.torch_features), when it has one."""
-    code = ("import json; from compile_core.preflight import torch_features; "
+    """The pack's own probe of this torch (compile_core.plan.preflight.torch_features), when it has one."""
+    code = ("import json; from compile_core.plan.preflight import torch_features; "
             "print(json.dumps(torch_features()))")
     try:
         proc = subprocess.run([py, "-c", code], cwd=ROOT, env=child_env(ver), capture_output=True,
@@ -221,7 +221,7 @@ def markdown(data: dict, order: list[str]) -> str:
         notes = []
         feats = r.get("features") or {}
         if feats:
-            notes.append("- torch features (compile_core.preflight.torch_features): " + (
+            notes.append("- torch features (compile_core.plan.preflight.torch_features): " + (
                 f"probe failed: {feats['error']}" if "error" in feats else
                 ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in feats.items())))
         if d.get("problems"):

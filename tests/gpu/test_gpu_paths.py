@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch._inductor.codecache import PyCodeCache
 
-from compile_core import background, engine
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.run import background, engine
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 cuda_only = pytest.mark.skipif(os.environ.get("TCS_GPU_TEST_DEVICE", "cuda") != "cuda",
                                reason="a CUDA-only path (TCS_GPU_TEST_DEVICE is not cuda)")

@@ -1,6 +1,6 @@
 """A GGUF model (city96's ComfyUI-GGUF pack, UnetLoaderGGUF, Q8_0 weights) compiled with the
 settings node's defaults: its WanAttentionBlock regions compile, with output equal to eager,
-and are saved (compile_core/precompiled.py), so a restarted server (HOME, TMPDIR and torch's
+and are saved (compile_core/cache/precompiled.py), so a restarted server (HOME, TMPDIR and torch's
 own inductor dir emptied) loads them without a dynamo trace.
 
 ComfyUI-GGUF keeps a weight's quantization in instance attributes of its ``GGMLTensor``

@@ -6,7 +6,7 @@ first, in the loading modes where ComfyUI applies the LoRA at every forward.
   and per strength).
 - A GGUF Q8_0 model (ComfyUI-GGUF): the LoRA sits in the quantized weights' ``patches``.
 
-Both go through the pack's ``tcs::weight_fetch`` op (``compile_core/weight_fetch.py``) during
+Both go through the pack's ``tcs::weight_fetch`` op (``compile_core/torch_support/weight_fetch.py``) during
 the compiled run. Each strength's output equals eager's at that strength (rel L2 < 1e-3), and
 the regions really compile with inductor (the pack's log says so; no eager fallback).
 """

@@ -41,7 +41,7 @@ def test_restarted_server_hits_persistent_cache(tmp_path, tiny_wan_path):
     assert list((cache_root / ".pch").glob("*.h.gch")), list(cache_root.iterdir())
     assert "persistent cache miss" in logs[0]
     assert "persistent cache hit" in logs[1], logs[1]
-    # the first server saved the traced block (compile_core/precompiled.py); the restarted one
+    # the first server saved the traced block (compile_core/cache/precompiled.py); the restarted one
     # loaded it and ran no dynamo trace
     assert "saved region WanAttentionBlock-" in logs[0] and "a restart loads it" in logs[0], logs[0]
     assert "loaded from" in logs[1] and "saved region(s), no trace" in logs[1], logs[1]

@@ -19,8 +19,8 @@ import uuid
 import pytest
 import torch
 
-from compile_core import scoped
-from compile_core.registry import REGISTRY
+from compile_core.torch_support import scoped
+from compile_core.cache.registry import REGISTRY
 
 LOGGER = "TorchCompileSpeed"
 
@@ -134,9 +134,9 @@ def pack_log(caplog):
 
 
 def torch_notes() -> tuple[str, ...]:
-    """The pack's once-per-process INFO notes about what this torch lacks (compile_core.engine),
+    """The pack's once-per-process INFO notes about what this torch lacks (compile_core.run.engine),
     only where ``torch_compat`` finds the feature missing: on a torch that has them all, none."""
-    from compile_core import torch_compat
+    from compile_core.torch_support import torch_compat
     notes = []
     if not torch_compat.isolate_recompiles():
         notes.append("has no working isolate_recompiles")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 CPU = torch.device("cpu")
 

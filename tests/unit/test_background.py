@@ -6,8 +6,9 @@ import time
 import pytest
 import torch
 
-from compile_core import background, compile_threads, engine, pacing, torch_compat
-from compile_core.status import status_payload
+from compile_core.run import background, engine, pacing
+from compile_core.torch_support import compile_threads, torch_compat
+from compile_core.report.status import status_payload
 from tcs_engine_helpers import CPU, eager, run, settings
 
 
@@ -180,7 +181,7 @@ def test_two_models_queue_on_the_one_worker(wan_factory, wan_inputs):
 def test_a_model_whose_compile_is_done_runs_it_beside_another_models_compile(wan_factory, wan_inputs, graph_count,
                                                                             counting_backend, pack_log):
     """WAN 2.2's two models: the first one's graphs are built while the second one's compile
-    runs; its calls run them (``compile_core.beside``), not eagerly until the worker is idle."""
+    runs; its calls run them (``compile_core.run.beside``), not eagerly until the worker is idle."""
     a = wan_factory("WanA").Model(n_blocks=2).eval()
     b = wan_factory("WanB").Model(n_blocks=2, dim=48).eval()
     x, t = wan_inputs()
@@ -549,7 +550,7 @@ def test_a_gpu_models_compile_does_not_yield(wan, wan_inputs, host_state, device
 
 
 def test_saved_regions_say_whether_every_region_has_a_file(tmp_path, wan):
-    from compile_core import precompiled
+    from compile_core.cache import precompiled
     model = wan.Model(n_blocks=2).eval()
     fast = precompiled.Precompiled(tmp_path, {})
     blocks = list(model.blocks)

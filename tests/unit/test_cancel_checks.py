@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compile_core import diagnostics, engine, timing
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.diagnose import diagnostics
+from compile_core.run import engine
+from compile_core.report import timing
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 CPU = torch.device("cpu")
 

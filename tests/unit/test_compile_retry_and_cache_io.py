@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compile_core import engine, log
-from compile_core import persist
-from compile_core.persist import PersistentCache
+from compile_core.run import engine
+from compile_core.report import log
+from compile_core.cache import persist
+from compile_core.cache.persist import PersistentCache
 
 from tcs_engine_helpers import CPU, eager, run, settings
 

@@ -9,7 +9,9 @@ import threading
 import pytest
 import torch
 
-from compile_core import background, compile_threads, engine, prewarm, torch_compat
+from compile_core.run import background, engine
+from compile_core.torch_support import compile_threads, torch_compat
+from compile_core.cache import prewarm
 from tcs_engine_helpers import eager, run, settings
 
 FAKE_CRASH = "import ctypes, sys; sys.stderr.write(\"FAKE crash\\n\"); sys.stderr.flush(); ctypes.string_at(0)"  # FAKE: the child dies as torch 2.11.0's does

@@ -1,4 +1,4 @@
-"""compile_core.diagnostics: median timing after warm-up, graph breaks with file:line (without
+"""compile_core.diagnose.diagnostics: median timing after warm-up, graph breaks with file:line (without
 ``torch._dynamo.reset()``), recompile hints, verdict and auto-disable; end to end on a toy model."""
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core import diagnostics, engine, graph_breaks, recompiles, scoped, timing, warmup
-from compile_core.diagnostics import Report
-from compile_core.timing import Timing
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.diagnose import diagnostics, graph_breaks
+from compile_core.run import engine, warmup
+from compile_core.report import recompiles, timing
+from compile_core.torch_support import scoped
+from compile_core.diagnose.diagnostics import Report
+from compile_core.report.timing import Timing
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 CPU = torch.device("cpu")
 HERE = __file__

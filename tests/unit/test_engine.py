@@ -1,4 +1,4 @@
-"""compile_core.engine: prepare + run on toy WAN-like models (aot_eager; one real inductor test)."""
+"""compile_core.run.engine: prepare + run on toy WAN-like models (aot_eager; one real inductor test)."""
 from __future__ import annotations
 
 import gc
@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core import engine, scoped
-from compile_core.registry import REGISTRY
+from compile_core.run import engine
+from compile_core.torch_support import scoped
+from compile_core.cache.registry import REGISTRY
 
 from tcs_engine_helpers import CPU, eager, run, settings
 
@@ -79,7 +80,7 @@ def test_weights_are_inputs_not_constants(wan, wan_inputs, graph_count):
 def test_auto_shape_policy_serves_new_sizes_without_recompiling(wan, wan_inputs, graph_count):
     """A batch of 1 first must not pin the batch (``backed_size_oblivious``); on a torch where
     that knob is unsafe (2.8/2.9, ``torch_compat``) the first batch of 2 recompiles once."""
-    from compile_core import torch_compat
+    from compile_core.torch_support import torch_compat
     model = wan.Model(n_blocks=3).eval()
     cm = engine.prepare(model, settings(shape_policy="auto", dynamic=False))
     g0 = graph_count()
@@ -414,7 +415,7 @@ def test_prepare_log_says_how_many_graphs_a_reused_entry_compiled(wan, wan_input
 
 
 def test_prepare_log_for_a_failed_entry_says_it_stays_eager_and_why():
-    from compile_core.registry import CompiledEntry
+    from compile_core.cache.registry import CompiledEntry
     failed = CompiledEntry("fp", None, failed="TorchRuntimeError: boom -> fix: x")
     text = engine._prepared(failed, True, "WanAttentionBlock x2")
     assert text == "WanAttentionBlock x2 stays eager (TorchRuntimeError: boom -> fix: x)"

@@ -15,9 +15,11 @@ import weakref
 import pytest
 import torch
 
-from compile_core import engine, fingerprint, torch_compat
-from compile_core.registry import REGISTRY
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.run import engine
+from compile_core.plan import fingerprint
+from compile_core.torch_support import torch_compat
+from compile_core.cache.registry import REGISTRY
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 CPU = torch.device("cpu")
 N_MODELS = 20
@@ -106,7 +108,7 @@ def test_models_on_the_saved_region_path_are_freed_too(tmp_path, monkeypatch):
     models of two structures, a registry bounded to one entry, every region run on the fast
     path; afterwards no model, block or weight is alive."""
     import tcs_precompiled_model as tiny
-    from compile_core.persist import PersistentCache
+    from compile_core.cache.persist import PersistentCache
     monkeypatch.setattr(REGISTRY, "max_entries", 1)
     refs, entry_refs = [], []
     for i, dim in enumerate((32, 32, 48, 48)):
@@ -136,7 +138,7 @@ def test_a_model_compiled_in_the_background_is_freed_once_dropped(wan, swapped):
     not keep the model alive after it is dropped: a server that switches checkpoints frees the
     old weights. ``swapped``: dropped after its compiled graphs took over, else while the
     finished job still waits to be swapped in."""
-    from compile_core import background
+    from compile_core.run import background
     model = wan.Model(n_blocks=2).eval()
     x, t = torch.randn(1, 6, 8), torch.rand(1)
     cm = engine.prepare(model, settings(background_compile=True))
@@ -156,7 +158,7 @@ def test_a_model_compiled_in_the_background_is_freed_once_dropped(wan, swapped):
 def test_a_waiting_background_compile_of_a_dropped_model_is_dropped(wan, pack_log, monkeypatch):
     """On the CPU a background compile waits until the server is idle; a model ComfyUI lets go
     meanwhile is freed at once, and its job compiles nothing."""
-    from compile_core import background, pacing
+    from compile_core.run import background, pacing
     host = {"idle": False}
     monkeypatch.setattr(pacing, "_IDLE_CHECK", [lambda: host["idle"]])
     model = wan.Model(n_blocks=2).eval()

@@ -1,11 +1,11 @@
-"""compile_core.fallback: telling a compile failure from the model's own error, in one line."""
+"""compile_core.run.fallback: telling a compile failure from the model's own error, in one line."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from compile_core import scoped
-from compile_core.fallback import explain, is_compile_failure
+from compile_core.torch_support import scoped
+from compile_core.run.fallback import explain, is_compile_failure
 
 
 @pytest.fixture
@@ -143,9 +143,9 @@ def test_error_in_inductor_generated_code_is_a_compile_failure():
 def test_engine_falls_back_when_compiled_region_raises_from_dynamo(monkeypatch):
     """The failure reaches CompiledModel.run from inside the compiled call: the call is answered
     eagerly and compile is switched off with the runtime message."""
-    from compile_core import engine
-    from compile_core.registry import ReuseRegistry
-    from compile_core.settings import CompileSettings, build_compile_args
+    from compile_core.run import engine
+    from compile_core.cache.registry import ReuseRegistry
+    from compile_core.plan.settings import CompileSettings, build_compile_args
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     settings = CompileSettings.from_args(build_compile_args(background_compile=False,

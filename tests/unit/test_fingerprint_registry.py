@@ -1,4 +1,4 @@
-"""compile_core.fingerprint (what makes two compile requests alike) and compile_core.registry."""
+"""compile_core.plan.fingerprint (what makes two compile requests alike) and compile_core.cache.registry."""
 from __future__ import annotations
 
 import gc
@@ -7,11 +7,11 @@ import weakref
 import pytest
 import torch
 
-from compile_core import fingerprint as fp_mod
-from compile_core.fingerprint import fingerprint, structure_digest
-from compile_core.regions import plan_regions
-from compile_core.registry import ReuseRegistry
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.plan import fingerprint as fp_mod
+from compile_core.plan.fingerprint import fingerprint, structure_digest
+from compile_core.plan.regions import plan_regions
+from compile_core.cache.registry import ReuseRegistry
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 
 def _settings(**kw):
@@ -192,7 +192,7 @@ def test_factory_failure_leaves_no_entry():
 
 def test_registry_does_not_keep_models_alive(wan):
     """Entries hold compiled callables, never a model."""
-    from compile_core import engine
+    from compile_core.run import engine
     reg = ReuseRegistry()
     m = wan.Model()
     cm = engine.prepare(m, _settings(), registry=reg)

@@ -1,4 +1,4 @@
-"""compile_core.fleet: archives, integrity, compatibility and the two store kinds."""
+"""compile_core.cache.fleet: archives, integrity, compatibility and the two store kinds."""
 import io
 import sys
 import tarfile
@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from redis_server import RedisServer, free_port  # noqa: E402
 
-from compile_core import fleet  # noqa: E402
+from compile_core.cache import fleet  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -120,7 +120,7 @@ def test_prewarm_manifest_is_shared_sealed(tmp_path):
 
 
 def test_prefetch_fills_the_local_cache_once(tmp_path):
-    from compile_core.persist import PersistentCache
+    from compile_core.cache.persist import PersistentCache
     f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
     fp = "ab" * 12
     assert f.publish_from(fp, CPU, make_cache_dir(tmp_path / "w1"))
@@ -173,7 +173,7 @@ import logging  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
 
-from compile_core import log as tcs_log  # noqa: E402
+from compile_core.report import log as tcs_log  # noqa: E402
 
 KEY_ENV = "TORCH_COMPILE_SPEED_SHARED_KEY"
 

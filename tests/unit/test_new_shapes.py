@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core import new_shapes, torch_compat
+from compile_core.run import new_shapes
+from compile_core.torch_support import torch_compat
 
 pytestmark = pytest.mark.skipif(not torch_compat.guard_check(),
                                 reason="this torch's cache entries do not say their backend")

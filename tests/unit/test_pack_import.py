@@ -37,9 +37,10 @@ def comfy_loaded():
 def test_compile_core_imports_with_torch_alone(tmp_path):
     out = run_clean(COMMON + """
 import pkgutil, compile_core
-names = sorted(m.name for m in pkgutil.iter_modules(compile_core.__path__))
+names = sorted(m.name for m in pkgutil.walk_packages(compile_core.__path__, "compile_core."))
 for name in names:
-    importlib.import_module("compile_core." + name)
+    importlib.import_module(name)
+names = [name.rsplit(".", 1)[1] for name in names]
 print(json.dumps({"modules": names, "comfy": comfy_loaded(),
                   "comfy_importable": importlib.util.find_spec("comfy") is not None,
                   "torch": "torch" in sys.modules, "file": compile_core.__file__}))

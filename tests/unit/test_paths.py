@@ -1,4 +1,4 @@
-"""compile_core.paths: cache directories named by a workflow stay inside the allowed roots."""
+"""compile_core.plan.paths: cache directories named by a workflow stay inside the allowed roots."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compile_core.paths import EXTRA_ROOTS_ENV, UnsafePathError, allowed_roots, resolve_cache_dir
+from compile_core.plan.paths import EXTRA_ROOTS_ENV, UnsafePathError, allowed_roots, resolve_cache_dir
 
 
 @pytest.fixture
@@ -144,7 +144,7 @@ def test_resolve_does_not_create_directories(dirs):
 # ComfyUI's temp/, input/ and output/ take uploads (/upload/image), and Triton loads any .so
 # found under its cache key, so a cache folder there lets an upload load native code.
 
-import compile_core.paths as paths_mod  # noqa: E402 - new names are looked up per test
+import compile_core.plan.paths as paths_mod  # noqa: E402 - new names are looked up per test
 
 
 @pytest.fixture
@@ -222,7 +222,7 @@ def apply_with_fake_bridge(pack, comfy, monkeypatch):
     """ApplyTorchCompile.apply with a stand-in for nodes/comfy_bridge (ComfyUI's folders are
     ``comfy``'s); it stops with _Reached at the first model access, after the path check."""
     import types
-    from compile_core.settings import build_compile_args
+    from compile_core.plan.settings import build_compile_args
     bridge = types.SimpleNamespace(
         user_directory=lambda: str(comfy["user"]), temp_directory=lambda: str(comfy["temp"]),
         diffusion_model=lambda model: (_ for _ in ()).throw(_Reached()))

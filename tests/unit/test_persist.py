@@ -1,4 +1,4 @@
-"""compile_core.persist: the on-disk cache stays bounded, and damaged files never break a run.
+"""compile_core.cache.persist: the on-disk cache stays bounded, and damaged files never break a run.
 
 Eviction is least-recently-used by entry mtime and never removes the entry in use. A damaged
 entry (garbage ``meta.json``, a ``.so`` that is not a whole shared object) is discarded the
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile_core import persist
-from compile_core.persist import META, PersistentCache, shared_object_problem
+from compile_core.cache import persist
+from compile_core.cache.persist import META, PersistentCache, shared_object_problem
 
 MB = 1024 * 1024
 OLD = time.time() - 3600  # "left there by an earlier run"
@@ -265,7 +265,7 @@ def test_missing_entry_is_created_not_reported(tmp_path, pack_log):
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     """warn_once keys are per process: give this test its own set."""
-    from compile_core import log
+    from compile_core.report import log
     monkeypatch.setattr(log, "_said", set())
 
 
@@ -344,7 +344,8 @@ def test_an_unreadable_cache_root_skips_eviction_with_one_warning(tmp_path, monk
 def test_precompiled_headers_are_kept_with_the_cache_and_seeded_from_torchs(tmp_path, monkeypatch):
     """The header folder lives in the cache root (not counted as an entry); headers torch built
     earlier in its own folder are linked in once, and a half-written one (too new) is not."""
-    from compile_core import persist, torch_compat
+    from compile_core.cache import persist
+    from compile_core.torch_support import torch_compat
     theirs = tmp_path / "torch_pch"
     theirs.mkdir()
     (theirs / "abc.h").write_text("#include <x>\n")

@@ -1,4 +1,4 @@
-"""compile_core.precompiled: a region traced once is loaded by the next process without a
+"""compile_core.cache.precompiled: a region traced once is loaded by the next process without a
 dynamo trace, and only ever runs where the code it was traced from is unchanged.
 
 The cross-process tests run real inductor compiles of a small module-level block
@@ -21,12 +21,14 @@ import torch
 from torch import nn
 
 import tcs_precompiled_model as tiny
-from compile_core import engine, precompiled, saved_guards, torch_compat
-from compile_core.persist import PersistentCache
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.run import engine
+from compile_core.cache import precompiled, saved_guards
+from compile_core.torch_support import torch_compat
+from compile_core.cache.persist import PersistentCache
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 # Saved regions need torch's AOT save/load round trip (torch 2.13+ here; off on 2.8/2.9, see
-# compile_core/torch_compat.py and the torch table in docs/how-it-works.md): without it this
+# compile_core/torch_support/torch_compat.py and the torch table in docs/how-it-works.md): without it this
 # path never runs.
 pytestmark = pytest.mark.skipif(not torch_compat.load_compiled_function(),
                                 reason="this torch cannot save and load a compiled function")
@@ -40,9 +42,9 @@ CHILD = textwrap.dedent("""
     import torch
     from torch._dynamo.utils import counters
     import tcs_precompiled_model as tiny
-    from compile_core import engine
-    from compile_core.persist import PersistentCache
-    from compile_core.settings import CompileSettings, build_compile_args
+    from compile_core.run import engine
+    from compile_core.cache.persist import PersistentCache
+    from compile_core.plan.settings import CompileSettings, build_compile_args
     settings = CompileSettings.from_args(build_compile_args(backend="inductor", mode={mode!r}, background_compile=False))
     model = tiny.build()
     for block in model.blocks[:{grad_blocks}]:  # what a LoRA patch leaves: requires_grad differs
@@ -802,7 +804,7 @@ QUANT_CHILD = textwrap.dedent("""
     from pathlib import Path
     import torch
     import tcs_precompiled_model as tiny
-    from compile_core import precompiled
+    from compile_core.cache import precompiled
     torch.set_grad_enabled(False)
     model, x, d = tiny.build_quant(), torch.randn(3, 32), Path({dir!r})
     if {save!r}:

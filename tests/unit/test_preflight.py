@@ -1,4 +1,4 @@
-"""compile_core.preflight: a broken toolchain or an unsupported GPU is found before compiling,
+"""compile_core.plan.preflight: a broken toolchain or an unsupported GPU is found before compiling,
 with an actionable message and the model left eager, and torch features are detected.
 
 The C++ compiler checks run for real (a script that exits 1 stands in for a broken compiler;
@@ -21,8 +21,8 @@ import torch
 import torch._inductor.config as inductor_config
 from torch._inductor import cpp_builder
 
-from compile_core import preflight as pf
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.plan import preflight as pf
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -98,8 +98,8 @@ def test_failing_cxx_set_before_torch_starts(tmp_path):
     """The server's real situation: CXX/CC in the environment before torch is imported."""
     script = _write_failing_compiler(tmp_path / "broken-cc")
     code = ("import json, torch\n"
-            "from compile_core import preflight as pf\n"
-            "from compile_core.settings import CompileSettings, build_compile_args\n"
+            "from compile_core.plan import preflight as pf\n"
+            "from compile_core.plan.settings import CompileSettings, build_compile_args\n"
             "s = CompileSettings.from_args(build_compile_args(backend='inductor', mode='default'))\n"
             "checked, findings = pf.preflight(s, torch.device('cpu'), {torch.float32})\n"
             "print(json.dumps({'problem': pf.cpp_compiler_problem(), 'checked': checked is not None,"

@@ -1,4 +1,4 @@
-"""compile_core.prewarm: what a compile imported and indexed is recorded, filtered and replayed.
+"""compile_core.cache.prewarm: what a compile imported and indexed is recorded, filtered and replayed.
 
 Replaying changes ``sys.modules`` for good, so the replay tests run in a child process.
 """
@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile_core import engine, prewarm
-from compile_core.persist import PersistentCache
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.run import engine
+from compile_core.cache import prewarm
+from compile_core.cache.persist import PersistentCache
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,7 +92,7 @@ def test_replay_imports_and_indexes_and_skips_what_is_gone(tmp_path):
         "files": [functional, str(tmp_path / "gone.py")]}))
     got = _child(f"""
         import json, sys
-        from compile_core import prewarm
+        from compile_core.cache import prewarm
         from torch._dynamo import funcname_cache
         before = "torch._inductor.compile_fx" in sys.modules
         report = prewarm.warm(prewarm.read_manifest({str(tmp_path)!r}))
@@ -117,14 +118,15 @@ def test_one_warm_up_per_process_warms_the_base_and_replays_a_manifest_if_there_
     root = repr(str(tmp_path / where)) if where else "None"
     code = f"""
         import json, sys
-        from compile_core import prewarm, torch_compat
+        from compile_core.cache import prewarm
+        from compile_core.torch_support import torch_compat
         started = [prewarm.start({root}), prewarm.start({root})]
         prewarm.wait(finish=True)
         print(json.dumps({{"started": started, "entry": "torch._inductor.compile_fx" in sys.modules,
                           "probed": torch_compat.compile_works.cache_info().currsize == 1,
                           "replayed": "torch.utils.show_pickle" in sys.modules}}))
     """
-    from compile_core import compile_threads  # (torch 2.11.0: the first compile probes, on its thread)
+    from compile_core.torch_support import compile_threads  # torch 2.11.0: the first compile probes, on its thread
     assert _child(code) == {"started": [True, False], "entry": True,  # once per process
                             "probed": compile_threads.after_a_thread_ends(), "replayed": replayed}
     assert _child(code, {prewarm.ENV: "0"}) == {"started": [False, False], "entry": False,
@@ -138,7 +140,7 @@ def test_the_start_up_probes_come_first_and_a_prompt_waits_for_them(monkeypatch,
     prompt makes (``probes_done``) returns only after them, and the rest of the warm-up (the
     fleet's manifest, torch's compile entry) starts only after them."""
     import threading
-    from compile_core import compile_threads, torch_compat
+    from compile_core.torch_support import compile_threads, torch_compat
     if not compile_threads.after_a_thread_ends():
         pytest.skip(f"torch {torch_compat.torch.__version__} probes with the first compile (test_compile_threads)")
     order, release = [], threading.Event()
@@ -162,7 +164,7 @@ def test_the_start_up_probes_come_first_and_a_prompt_waits_for_them(monkeypatch,
 def test_a_new_fleet_worker_warms_from_the_shared_manifest_and_keeps_it(tmp_path):
     got = _child(f"""
         import json, sys
-        from compile_core import prewarm
+        from compile_core.cache import prewarm
         shared = lambda: {{"modules": ["torch._inductor.compile_fx", "antigravity"], "files": []}}
         started = prewarm.start({str(tmp_path)!r}, shared)
         prewarm.wait(finish=True)
@@ -180,7 +182,7 @@ def test_cpu_isa_probe_runs_in_the_recorded_dir_only_when_it_exists(tmp_path):
     code = """
         import json, os
         from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-        from compile_core import prewarm
+        from compile_core.cache import prewarm
         before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         used = prewarm.warm_cpu_isa(%r)
         print(json.dumps({"used": used, "cached": valid_vec_isa_list.cache_info().currsize,
@@ -203,7 +205,7 @@ def test_parallel_isa_probe_gives_torchs_own_answer(tmp_path):
     code = """
         import json, sys
         from torch._inductor import cpu_vec_isa
-        from compile_core import prewarm
+        from compile_core.cache import prewarm
         settled = prewarm.probe_cpu_isa() if sys.argv[-1] == "parallel" else None
         isas = cpu_vec_isa.valid_vec_isa_list()
         print(json.dumps({"settled": settled, "isa": [str(i) for i in isas],
@@ -228,7 +230,7 @@ def test_a_compile_that_starts_stops_the_warm_up_early(tmp_path):
     functional = str(Path(torch.__file__).parent / "nn" / "functional.py")
     got = _child(f"""
         import json, sys
-        from compile_core import prewarm
+        from compile_core.cache import prewarm
         prewarm._stop.set()  # what wait() does when a compile starts
         report = prewarm.warm({{"modules": ["torch._inductor.compile_fx"], "files": [{functional!r}]}})
         print(json.dumps({{"report": report, "imported": "torch._inductor.compile_fx" in sys.modules}}))
@@ -246,7 +248,7 @@ MALFORMED = {"null_modules": '{"modules": null}', "number_files": '{"files": 5}'
 @pytest.mark.parametrize("content", MALFORMED.values(), ids=MALFORMED.keys())
 def test_a_malformed_manifest_is_ignored_with_one_warning(tmp_path, monkeypatch, pack_log, content):
     """The manifest is read in the server's start-up handler: whatever is in it, ComfyUI starts."""
-    from compile_core import log
+    from compile_core.report import log
     monkeypatch.setattr(log, "_said", set())
     (tmp_path / prewarm.MANIFEST).write_bytes(content.encode("latin-1"))
     assert prewarm.clean(prewarm.read_manifest(tmp_path)) == prewarm.read_manifest(tmp_path)
@@ -279,7 +281,7 @@ def test_a_compile_stops_a_running_warm_up_thread_and_waits_for_it(tmp_path):
         handler.emit = lambda record: lines.append(record.getMessage())
         logging.getLogger("TorchCompileSpeed").addHandler(handler)
         logging.getLogger("TorchCompileSpeed").setLevel(logging.INFO)
-        from compile_core import prewarm
+        from compile_core.cache import prewarm
         started = prewarm.start({str(tmp_path)!r})
         alive = prewarm._thread.is_alive()
         prewarm.wait()

@@ -1,4 +1,4 @@
-"""compile_core.regions: which modules of a diffusion model get compiled.
+"""compile_core.plan.regions: which modules of a diffusion model get compiled.
 
 Toy classes named like the real ComfyUI ones (the real classes are covered by the host tests).
 """
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core.regions import WHOLE_MODEL, family_of, plan_regions
+from compile_core.plan.regions import WHOLE_MODEL, family_of, plan_regions
 
 
 def _blk():
@@ -303,8 +303,8 @@ def test_declared_family_is_not_rediscovered():
 
 
 def test_discovered_plan_fingerprint_is_stable_and_names_the_blocks():
-    from compile_core.fingerprint import fingerprint
-    from compile_core.settings import CompileSettings, build_compile_args
+    from compile_core.plan.fingerprint import fingerprint
+    from compile_core.plan.settings import CompileSettings, build_compile_args
     settings = CompileSettings.from_args(build_compile_args(backend="aot_eager", mode="default",
                                                            background_compile=False))
     a, b = TwoStreamDiT(), TwoStreamDiT()
@@ -318,7 +318,7 @@ def test_discovered_plan_fingerprint_is_stable_and_names_the_blocks():
 
 def test_generic_dims_follow_token_counts_in_every_input():
     import torch
-    from compile_core.shapes import generic_layout_dims, tensor_slots
+    from compile_core.plan.shapes import generic_layout_dims, tensor_slots
     x, txt = torch.randn(1, 60, 64), torch.randn(1, 8, 64)
     vec, t = torch.randn(1, 64), torch.randn(1)
     cos = torch.randn(60, 32)                     # rope over the image tokens, no batch
@@ -331,7 +331,7 @@ def test_generic_dims_follow_token_counts_in_every_input():
 
 def test_generic_dims_for_image_blocks():
     import torch
-    from compile_core.shapes import generic_layout_dims, tensor_slots
+    from compile_core.plan.shapes import generic_layout_dims, tensor_slots
     dims = generic_layout_dims(tensor_slots((torch.randn(2, 8, 6, 10), torch.randn(2, 32)), {}))
     assert dims == {0: (0, 2, 3), 1: (0,)}
 
@@ -340,7 +340,7 @@ def test_generic_dims_never_mark_a_broadcast_dim_of_size_one():
     """LTXV's [B, 1, C] modulation: a size-1 dim marked dynamic stops broadcasting (backed size
     oblivious), and the compile fails."""
     import torch
-    from compile_core.shapes import generic_layout_dims, tensor_slots
+    from compile_core.plan.shapes import generic_layout_dims, tensor_slots
     x, gate, pe = torch.randn(1, 60, 64), torch.randn(1, 1, 64), torch.randn(1, 1, 60, 16)
     dims = generic_layout_dims(tensor_slots((x, gate, pe), {}))
     assert dims == {0: (0, 1), 1: (0,), 2: (0, 2)}
@@ -348,7 +348,7 @@ def test_generic_dims_never_mark_a_broadcast_dim_of_size_one():
 
 def test_generic_dims_mark_both_sides_of_a_square_attention_mask():
     import torch
-    from compile_core.shapes import generic_layout_dims, tensor_slots
+    from compile_core.plan.shapes import generic_layout_dims, tensor_slots
     x, txt, mask = torch.randn(1, 68, 64), torch.randn(1, 8, 64), torch.ones(1, 1, 76, 76)
     assert generic_layout_dims(tensor_slots((x, txt, mask), {}))[2] == (0, 2, 3)
 
@@ -357,7 +357,7 @@ def test_generic_dims_mark_the_last_dim_of_a_key_mask():
     """HunyuanVideo's [B, 1, L] mask over text + image tokens: a static L pinned the block's token
     count (one new graph per latent size)."""
     import torch
-    from compile_core.shapes import generic_layout_dims, tensor_slots
+    from compile_core.plan.shapes import generic_layout_dims, tensor_slots
     img, txt, mask = torch.randn(1, 60, 64), torch.randn(1, 8, 64), torch.zeros(1, 1, 68)
     assert generic_layout_dims(tensor_slots((img, txt), {"attn_mask": mask}))["attn_mask"] == (0, 2)
 
@@ -431,8 +431,8 @@ def test_anima_plans_its_blocks_not_its_text_adapters():
 def test_family_dynamo_knobs_reach_the_run_scope_of_that_family_only():
     from tcs_engine_helpers import settings
 
-    from compile_core import engine
-    from compile_core.regions import FAMILY_DYNAMO_KNOBS, RegionPlan
+    from compile_core.run import engine
+    from compile_core.plan.regions import FAMILY_DYNAMO_KNOBS, RegionPlan
     model = make_family("M", blocks=lambda: nn.ModuleList(_blk() for _ in range(2)))()
     for family in ("HiDreamImageTransformer2DModel", "NextDiT"):
         cm = engine.prepare(model, settings(), plan=RegionPlan(("blocks.0", "blocks.1"), family))

@@ -1,4 +1,4 @@
-"""compile_core.scoped: global torch knobs change only inside the ``with`` block."""
+"""compile_core.torch_support.scoped: global torch knobs change only inside the ``with`` block."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,8 @@ import torch
 import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 
-from compile_core import scoped
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.torch_support import scoped
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 
 def _fresh_values():
@@ -194,7 +194,7 @@ def test_snapshot_sees_tf32_and_pack_env_changes(monkeypatch, tmp_path):
 def test_graph_break_trace_restores_the_cache_dir_torch_sets_during_it(monkeypatch, tmp_path):
     """torch 2.9 sets TORCHINDUCTOR_CACHE_DIR while compiling; ``find_graph_breaks`` runs in a
     scope of its own, so that does not outlive the trace (simulated: set during the trace)."""
-    from compile_core import graph_breaks
+    from compile_core.diagnose import graph_breaks
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     original = graph_breaks._break_counts
 

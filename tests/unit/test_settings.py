@@ -1,12 +1,12 @@
-"""The WANCOMPILEARGS contract (compile_core.settings) and the settings node that emits it."""
+"""The WANCOMPILEARGS contract (compile_core.plan.settings) and the settings node that emits it."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from compile_core import scoped
-from compile_core.settings import (NEW_EXTRA_KEYS, RETIRED_KEYS, CompileArgsError, CompileSettings,
+from compile_core.torch_support import scoped
+from compile_core.plan.settings import (NEW_EXTRA_KEYS, RETIRED_KEYS, CompileArgsError, CompileSettings,
                                    backend_choices, build_compile_args, torch_modes)
 
 WAN_KEYS = ["backend", "fullgraph", "mode", "dynamic", "dynamo_cache_size_limit",

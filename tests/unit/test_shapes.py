@@ -1,10 +1,10 @@
-"""Shape policy ``auto``: which input dims get marked dynamic (compile_core.shapes)."""
+"""Shape policy ``auto``: which input dims get marked dynamic (compile_core.plan.shapes)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from compile_core import shapes
+from compile_core.plan import shapes
 
 
 class _WanBlockLike(nn.Module):

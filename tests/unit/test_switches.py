@@ -1,8 +1,9 @@
-"""The operator's on/off environment switches (``compile_core.switches``): one parser for
+"""The operator's on/off environment switches (``compile_core.plan.switches``): one parser for
 every switch, a bad value keeps the default with one warning naming the variable."""
 import pytest
 
-from compile_core import precompiled, prewarm, switches
+from compile_core.cache import precompiled, prewarm
+from compile_core.plan import switches
 
 
 @pytest.mark.parametrize("value, default, on", [

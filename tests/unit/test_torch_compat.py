@@ -1,4 +1,4 @@
-"""compile_core.torch_compat: every feature the pack uses is tried on this torch (2.13 here),
+"""compile_core.torch_support.torch_compat: every feature the pack uses is tried on this torch (2.13 here),
 once, lazily, without leaving a trace; and what the pack does when a probe says no.
 
 Tests named ``*_simulated_*`` monkeypatch a probe's answer to stand for an older torch."""
@@ -13,8 +13,11 @@ import pytest
 import torch
 import torch._dynamo.config as dynamo_config
 
-from compile_core import engine, precompiled, preflight, scoped, shapes, torch_compat as tc
-from compile_core.settings import CompileSettings, build_compile_args
+from compile_core.run import engine
+from compile_core.cache import precompiled
+from compile_core.plan import preflight, shapes
+from compile_core.torch_support import scoped, torch_compat as tc
+from compile_core.plan.settings import CompileSettings, build_compile_args
 
 from tcs_engine_helpers import eager, run, settings
 
@@ -127,9 +130,9 @@ def _wan_modulation_graphs() -> int:
 
 
 def test_probes_do_not_run_at_import_of_the_pack():
-    code = ("import compile_core.engine, compile_core.preflight, compile_core.scoped, "
-            "compile_core.shapes, compile_core.precompiled, compile_core.graph_breaks\n"
-            "from compile_core import torch_compat as tc\n"
+    code = ("import compile_core.run.engine, compile_core.plan.preflight, compile_core.torch_support.scoped, "
+            "compile_core.plan.shapes, compile_core.cache.precompiled, compile_core.diagnose.graph_breaks\n"
+            "from compile_core.torch_support import torch_compat as tc\n"
             "print(sum(p.cache_info().currsize for p in (tc.unsupported, tc.compile_works, "
             "tc.isolate_recompiles, tc.backed_size_oblivious_safe, tc.load_compiled_function)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
@@ -166,7 +169,7 @@ def test_unsupported_below_2_8_simulated(monkeypatch):
 def test_model_stays_eager_with_one_warning_when_torch_unsupported_simulated(
         monkeypatch, wan, wan_inputs, graph_count, pack_log):
     monkeypatch.setattr(tc, "unsupported", lambda: "torch 2.7 is older than 2.8; stays eager")
-    monkeypatch.setattr("compile_core.log._said", set())
+    monkeypatch.setattr("compile_core.report.log._said", set())
     model = wan.Model(n_blocks=2).eval()
     x, t = wan_inputs()
     cm = engine.prepare(model, settings())
@@ -197,7 +200,7 @@ def test_without_backed_size_oblivious_simulated_wan_still_serves_new_sizes(
 
 def test_without_isolate_recompiles_simulated_the_log_says_budgets_are_shared(monkeypatch, pack_log):
     monkeypatch.setattr(tc, "isolate_recompiles", lambda: False)
-    monkeypatch.setattr("compile_core.log._said", set())
+    monkeypatch.setattr("compile_core.report.log._said", set())
     seen = {}
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
     engine.make_compiled_call(settings())
@@ -207,9 +210,9 @@ def test_without_isolate_recompiles_simulated_the_log_says_budgets_are_shared(mo
 
 
 def test_without_saved_regions_simulated_the_log_says_why_once(monkeypatch, pack_log, wan, tmp_path):
-    from compile_core.persist import PersistentCache
+    from compile_core.cache.persist import PersistentCache
     monkeypatch.setattr(tc, "load_compiled_function", lambda: False)
-    monkeypatch.setattr("compile_core.log._said", set())
+    monkeypatch.setattr("compile_core.report.log._said", set())
     model = wan.Model(n_blocks=2).eval()
     cm = engine.prepare(model, settings(backend="inductor"), persistent=PersistentCache(tmp_path))
     assert cm._precompiled() is None and cm._precompiled() is None

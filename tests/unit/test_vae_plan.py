@@ -1,13 +1,13 @@
-"""compile_core.vae: which VAE blocks are compiled, on stand-ins named like ComfyUI's classes."""
+"""compile_core.plan.vae: which VAE blocks are compiled, on stand-ins named like ComfyUI's classes."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from compile_core import engine
-from compile_core.settings import CompileSettings
-from compile_core.vae import plan_vae
+from compile_core.run import engine
+from compile_core.plan.settings import CompileSettings
+from compile_core.plan.vae import plan_vae
 
 
 def _named(name, base=nn.Module):

@@ -1,4 +1,4 @@
-"""compile_core.weight_fetch: a weight fetch behind ``tcs::weight_fetch`` on an opaque reference
+"""compile_core.torch_support.weight_fetch: a weight fetch behind ``tcs::weight_fetch`` on an opaque reference
 object compiles to one graph for every block and every LoRA strength, with eager's values;
 the same fetch traced as Python (ComfyUI's LowVramPatch: a key and a float) does not."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core import scoped, torch_compat as tc, weight_fetch as wf
+from compile_core.torch_support import scoped, torch_compat as tc, weight_fetch as wf
 
 
 @pytest.fixture

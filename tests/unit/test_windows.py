@@ -25,8 +25,13 @@ import pytest
 import torch
 from torch._inductor import cpp_builder
 
-from compile_core import diagnostics, fleet, log, longpaths, persist, preflight as pf, warmup
-from compile_core.persist import PersistentCache
+from compile_core.diagnose import diagnostics
+from compile_core.cache import fleet, persist
+from compile_core.report import log
+from compile_core.torch_support import longpaths
+from compile_core.plan import preflight as pf
+from compile_core.run import warmup
+from compile_core.cache.persist import PersistentCache
 from test_preflight import settings  # the same inductor settings the preflight tests use
 
 CPU = torch.device("cpu")

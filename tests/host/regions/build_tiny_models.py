@@ -8,11 +8,11 @@ parses ``sys.argv`` on import, so it is kept out of the pytest process)::
 The ComfyUI is the host ``TCS_COMFY_HOST`` selects (``harness.resolve_host``; ``0.33.0`` by default).
 For every case it instantiates the real model class from that ComfyUI (tiny config,
 ``comfy.ops.disable_weight_init``, on the ``meta`` device) and calls
-``compile_core.regions.plan_regions(model, blocks_only=True)``. It then counts, in a forward pass of
+``compile_core.plan.regions.plan_regions(model, blocks_only=True)``. It then counts, in a forward pass of
 the same tiny model on CPU, how often each planned region is entered through ``nn.Module.__call__``:
 the engine attaches the compiled callable as ``_compiled_call_impl``, so a region the model runs
 without calling it is never compiled. Cases in ``--run`` are also run eagerly and through
-``compile_core.engine.prepare(...).run(...)`` with the ``aot_eager`` backend (CPU, random weights).
+``compile_core.run.engine.prepare(...).run(...)`` with the ``aot_eager`` backend (CPU, random weights).
 
 Prints one JSON object per line and case on stdout (nothing else goes to stdout).
 """
@@ -316,8 +316,8 @@ def _graphs() -> int:
 
 def plan_case(name, build, make_inputs):
     import torch
-    from compile_core import regions
-    from compile_core.log import logger
+    from compile_core.plan import regions
+    from compile_core.report.log import logger
 
     handler = _ListHandler()
     logger.addHandler(handler)
@@ -345,9 +345,10 @@ def plan_case(name, build, make_inputs):
 def run_case(name, build, make_inputs):
     """Eager vs ``engine.prepare(...).run(...)`` (aot_eager) on CPU with random weights."""
     import torch
-    from compile_core import engine, regions
-    from compile_core.registry import ReuseRegistry
-    from compile_core.settings import CompileSettings, build_compile_args
+    from compile_core.run import engine
+    from compile_core.plan import regions
+    from compile_core.cache.registry import ReuseRegistry
+    from compile_core.plan.settings import CompileSettings, build_compile_args
 
     torch.manual_seed(0)
     model = build("cpu").eval()

@@ -5,8 +5,8 @@
 
 (``scripts/model_zoo.sh`` runs it for the committed table.) For each case of ``zoo_cases.CASES``
 it builds the real ComfyUI class with a tiny config on CPU with random weights, plans its regions
-(``compile_core.regions.plan_regions``), and runs the model eagerly and through
-``compile_core.engine.prepare(...).run(...)`` at a first latent size and then at a second one.
+(``compile_core.plan.regions.plan_regions``), and runs the model eagerly and through
+``compile_core.run.engine.prepare(...).run(...)`` at a first latent size and then at a second one.
 Per case: the blocks found, dynamo graphs of the first run, new graphs at the second size,
 relative L2 to eager at both sizes and a status: ``regional``, ``whole`` (+ why),
 ``fallback`` (+ the compile error) or ``cpu`` (the model cannot run eagerly here, + why).
@@ -77,10 +77,11 @@ def _status(plan, failed: str, logs: list[str]) -> tuple[str, str]:
 
 def run_case(name: str, backend: str, mode: str) -> dict:
     import torch
-    from compile_core import engine, regions
-    from compile_core.log import logger
-    from compile_core.registry import ReuseRegistry
-    from compile_core.settings import CompileSettings, build_compile_args
+    from compile_core.run import engine
+    from compile_core.plan import regions
+    from compile_core.report.log import logger
+    from compile_core.cache.registry import ReuseRegistry
+    from compile_core.plan.settings import CompileSettings, build_compile_args
     import zoo_cases
 
     covers, build, make_inputs = zoo_cases.CASES[name]

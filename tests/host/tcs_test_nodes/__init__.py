@@ -302,14 +302,14 @@ def _digest(value):
 
 
 def state_digest():
-    """TEST-ONLY: ``compile_core.scoped.snapshot()`` (the pack's own definition of leakable state:
+    """TEST-ONLY: ``compile_core.torch_support.scoped.snapshot()`` (the pack's own definition of leakable state:
     dynamo/inductor (incl. its triton sub-config)/fx config, the pack's env vars, TF32 flags and
     matmul precision) plus the whole environment, grad mode and default dtype."""
     import importlib
     import sys
-    pack = next((m for n, m in sys.modules.items() if n.endswith("compile_core.scoped")), None)
+    pack = next((m for n, m in sys.modules.items() if n.endswith("compile_core.torch_support.scoped")), None)
     if pack is None:  # the pack is loaded as a custom node; its module name has the folder's name
-        pack = importlib.import_module("TorchCompileSpeed.compile_core.scoped")
+        pack = importlib.import_module("TorchCompileSpeed.compile_core.torch_support.scoped")
     snap = pack.snapshot()
     out = {}
     for section, values in snap.items():

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from . import log, longpaths, torch_compat
+from ..report import log
+from ..torch_support import longpaths, torch_compat
 
 ROOT_ENV = "TORCH_COMPILE_SPEED_CACHE_DIR"       # operator: where the persistent cache lives
 MAX_GB_ENV = "TORCH_COMPILE_SPEED_CACHE_MAX_GB"  # operator: size bound (default below)

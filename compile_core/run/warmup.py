@@ -12,7 +12,8 @@ from typing import Callable
 
 import torch
 
-from . import log, longpaths
+from ..report import log
+from ..torch_support import longpaths
 
 
 def ptx_env(enabled: bool, on_cuda: bool, cache_dir: Path | None) -> dict[str, str]:

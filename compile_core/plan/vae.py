@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import log
+from ..report import log
 from .regions import RegionPlan
 
 # first_stage_model class name (anywhere in the MRO) -> class names of the blocks to compile

@@ -22,14 +22,17 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import (background, beside, fallback, log, new_shapes, precompiled, prewarm, scoped, shapes,
-               torch_compat, warmup)
-from .fingerprint import fingerprint
-from .fleet import Fleet
-from .persist import PersistentCache
-from .regions import FAMILY_DYNAMO_KNOBS, RegionPlan, plan_regions
-from .registry import REGISTRY, CompiledEntry, ReuseRegistry
-from .settings import CompileSettings
+from . import background, beside, fallback, new_shapes, warmup
+from ..report import log
+from ..cache import precompiled, prewarm
+from ..torch_support import scoped, torch_compat
+from ..plan import shapes
+from ..plan.fingerprint import fingerprint
+from ..cache.fleet import Fleet
+from ..cache.persist import PersistentCache
+from ..plan.regions import FAMILY_DYNAMO_KNOBS, RegionPlan, plan_regions
+from ..cache.registry import REGISTRY, CompiledEntry, ReuseRegistry
+from ..plan.settings import CompileSettings
 
 
 def make_compiled_call(settings: CompileSettings) -> Callable:
@@ -547,7 +550,7 @@ class CompiledModel:
         return got
 
     def _precompiled(self) -> precompiled.Precompiled | None:
-        """The entry's dynamo-level warm start (``compile_core.precompiled``), where it applies."""
+        """The entry's dynamo-level warm start (``compile_core.cache.precompiled``), where it applies."""
         e = self.entry
         if e.precompiled is None and self.persistent and precompiled.supported(self.settings, self.plan.regional):
             e.precompiled = precompiled.Precompiled(
@@ -615,7 +618,7 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
             persistent: PersistentCache | None = None, fleet: Fleet | None = None,
             plan: RegionPlan | None = None) -> CompiledModel:
     """Plan regions and find (reuse_if_similar) or build the compiled callable for this model.
-    ``plan``: regions chosen by the caller (e.g. ``compile_core.vae``), instead of ``plan_regions``:
+    ``plan``: regions chosen by the caller (e.g. ``compile_core.plan.vae``), instead of ``plan_regions``:
     such a plan compiles in the foreground (a VAE's decoder carries state from one chunk's call
     to the next, which an eager first call with its inputs captured would not see the same way)."""
     prewarm.wait()

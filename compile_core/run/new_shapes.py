@@ -18,7 +18,7 @@ from typing import Callable
 
 from torch import nn
 
-from . import torch_compat
+from ..torch_support import torch_compat
 from .background import MAX_CAPTURED, Captured
 
 

@@ -305,7 +305,7 @@ def _fetch_twice(fetch, holder, x):
 
 @functools.lru_cache(maxsize=None)
 def opaque_weight_fetch() -> bool:
-    """``compile_core.weight_fetch``'s op on an opaque reference object: one graph serves two
+    """``compile_core.torch_support.weight_fetch``'s op on an opaque reference object: one graph serves two
     different objects (their state is not guarded), and each call gets its own object's value."""
     def run():
         from . import weight_fetch

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from .graph_breaks import GraphBreak, capture_inputs, find_graph_breaks, one_per_type
-from .longpaths import on_windows
-from .recompiles import Recompile, recompiles_from
-from .timing import Timing, _cuda, measure
+from ..torch_support.longpaths import on_windows
+from ..report.recompiles import Recompile, recompiles_from
+from ..report.timing import Timing, _cuda, measure
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ class Report:
     backend: str = ""
     mode: str = ""
     shape_policy: str = ""
-    state: str = ""                 # compile_core.status state
+    state: str = ""                 # compile_core.report.status state
     failed: str = ""                # compile abandoned (runs eagerly): the reason
     reused: bool = False            # compiled work found in this server (reuse_if_similar)
     compile_seconds: float = 0.0    # entry total
@@ -259,7 +259,7 @@ def diagnose(compiled_model, diffusion_model: nn.Module, eager: Callable[[], obj
     workflow; ``reraise`` lists exceptions that must propagate (ComfyUI's interrupt).
     ``check_interrupt`` (the host's cancel check) is called between model calls and before each
     graph-break trace; what it raises propagates, so a cancel stops the diagnosis promptly."""
-    from . import scoped  # local: keep this module importable without the engine's deps
+    from ..torch_support import scoped  # local: keep this module importable without the engine's deps
 
     cm = compiled_model
     e = cm.entry
@@ -325,5 +325,5 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _state(cm) -> str:
-    from .status import status_payload
+    from ..report.status import status_payload
     return status_payload(cm)["state"]

@@ -16,7 +16,9 @@ import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
 
-from . import log, shapes, torch_compat
+from ..report import log
+from ..plan import shapes
+from . import torch_compat
 
 ALWAYS_INDUCTOR = {"freezing": False}
 # Environment variables the pack may set during a run (snapshot() covers them).

@@ -31,7 +31,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from . import log, torch_compat
+from ..report import log
+from ..torch_support import torch_compat
 
 CHECK_INTERVAL = 0.02  # s between the questions at the pause points
 POLL = 0.05  # s between questions while paused or waiting to start

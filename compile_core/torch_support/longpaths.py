@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from . import log
+from ..report import log
 
 MAX_PATH = 260               # characters, the terminating NUL included
 LIMIT = MAX_PATH - 1         # the longest path Windows accepts without long paths

@@ -123,7 +123,7 @@ def find_graph_breaks(module: nn.Module, args: tuple, kwargs: dict) -> list[Grap
     it keep a cache entry for this backend only; the pack's compiled runs never use it.
     It runs inside ``scoped.scoped_state``: torch (2.9) sets ``TORCHINDUCTOR_CACHE_DIR`` while
     compiling, and that must not outlive the trace whoever calls this."""
-    from . import scoped, torch_compat
+    from ..torch_support import scoped, torch_compat
 
     with scoped.scoped_state():
         return _find_graph_breaks(module, args, kwargs, torch_compat.isolate_recompiles())

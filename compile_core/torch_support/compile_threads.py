@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from . import log
+from ..report import log
 
 PROBE = """
 import threading, torch

@@ -12,7 +12,8 @@ import dataclasses
 
 from torch import nn
 
-from . import discovery, log, shapes
+from . import discovery, shapes
+from ..report import log
 
 # Diffusion-model class name (matched anywhere in the MRO) -> attributes holding its blocks.
 BLOCK_ATTRS: dict[str, tuple[str, ...]] = {

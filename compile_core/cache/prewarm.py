@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import log, switches
+from ..report import log
+from ..plan import switches
 from .persist import io_failed, write_atomic
 
 ENV = "TORCH_COMPILE_SPEED_PREWARM"
@@ -206,7 +207,7 @@ def warm_cpu_isa(inductor_dir: str | None) -> bool:
     if not inductor_dir or not os.path.isdir(inductor_dir):
         return False
     try:
-        from . import scoped
+        from ..torch_support import scoped
         from .persist import shared_object_problem
         if any(shared_object_problem(so) for so in Path(inductor_dir).rglob("*.so")):
             # a damaged probe .so would answer "no AVX" for the whole process (silently slow
@@ -272,7 +273,7 @@ def warm_probes() -> float:
     start = time.perf_counter()
     probed = False
     try:
-        from . import compile_threads, torch_compat
+        from ..torch_support import compile_threads, torch_compat
         if compile_threads.after_a_thread_ends():  # (else this thread must not compile: it ends)
             torch_compat.features()
             probed = True

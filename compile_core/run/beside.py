@@ -31,7 +31,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import background, log, torch_compat
+from . import background
+from ..report import log
+from ..torch_support import torch_compat
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from . import log
+from ..report import log
 
 ON = ("1", "on", "true", "yes")
 OFF = ("0", "off", "false", "no")

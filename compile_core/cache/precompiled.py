@@ -46,7 +46,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import log, source_check, switches, torch_compat
+from ..report import log
+from . import source_check
+from ..plan import switches
+from ..torch_support import torch_compat
 from .persist import write_atomic
 from .saved_guards import (GlobalChecks, LocalChecks, NotSaveable, ValuePickler, bind_subclasses,
                            guard_checker, keep_guard, subclass_globals)

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from .longpaths import on_windows
+from ..torch_support.longpaths import on_windows
 from .settings import CompileSettings
 
 
@@ -30,7 +30,7 @@ class Finding:
 @functools.lru_cache(maxsize=None)
 def torch_features() -> dict[str, bool]:
     """What this torch can do, each feature tried by ``torch_compat`` (probed once, lazily)."""
-    from . import torch_compat
+    from ..torch_support import torch_compat
     return {
         "isolate_recompiles": torch_compat.isolate_recompiles(),
         "compile_recompile_limit": torch_compat.recompile_limit_kwarg(),

@@ -31,7 +31,8 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import fallback, log, pacing
+from . import fallback, pacing
+from ..report import log
 
 MAX_CAPTURED = 16  # region variants whose inputs one capture keeps (identical blocks share one)
 # Serialises the moments the worker's compile scope sets or restores the process-wide
@@ -148,7 +149,7 @@ def _in_own_thread(fn: Callable[[], None], label: str) -> None:
     on the long-lived worker; unchanged after one in a thread that ended). Not on a torch where
     a thread that compiled must not end (``compile_threads``): there ``fn`` runs on the worker,
     which never ends."""
-    from . import compile_threads
+    from ..torch_support import compile_threads
     if not compile_threads.after_a_thread_ends():
         fn()
         return

@@ -94,7 +94,7 @@ class CompileSettings:
     shape_policy: str = "auto"
     # ((min_w, min_h, min_frames), (max_w, max_h, max_frames)) in pixels/frames, or None
     declared_shapes: tuple | None = None
-    # compile in a worker thread while the first run goes on eagerly (compile_core.background)
+    # compile in a worker thread while the first run goes on eagerly (compile_core.run.background)
     background_compile: bool = BACKGROUND_DEFAULT
 
     @classmethod

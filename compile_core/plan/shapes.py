@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import torch_compat
+from ..torch_support import torch_compat
 
 POLICIES = ("auto", "static", "dynamic")
 

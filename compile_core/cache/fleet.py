@@ -39,9 +39,11 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from . import log, longpaths, switches
+from ..report import log
+from ..torch_support import longpaths
+from ..plan import switches
 from .persist import write_atomic
-from .preflight import compiler_banner
+from ..plan.preflight import compiler_banner
 
 STORE_ENV = "TORCH_COMPILE_SPEED_SHARED_CACHE"
 MAX_MB_ENV = "TORCH_COMPILE_SPEED_SHARED_MAX_MB"
@@ -381,7 +383,7 @@ class Fleet:
                  self.store.describe())
         return True
 
-    # -- the prewarm manifest (compile_core.prewarm): which compiler modules and source files a
+    # -- the prewarm manifest (compile_core.cache.prewarm): which compiler modules and source files a
     # worker's compile needed, so a new worker warms them at start-up, before any fingerprint
     def publish_manifest(self, manifest: dict) -> bool:
         shared = {k: v for k, v in manifest.items() if k != "isa_dir"}  # a local path
