@@ -1,7 +1,7 @@
 """What the pack itself adds to every model call.
 
 A real ComfyUI WAN 2.1 model (tiny, random weights, CPU, one thread) runs through the bridge
-(``nodes.comfy_bridge._run``: the LoRA weight routing, then ``compile_core.run.engine``) with the
+(``nodes.comfy_model.run_compiled``: the LoRA weight routing, then ``compile_core.run.engine``) with the
 settings node's defaults (mode ``speed``), every region running its eager forward instead of
 compiled code. Three measurements:
 
@@ -109,6 +109,7 @@ class AcceptingRegion:
 
 def compiled_model(pack, model, persistent_root: Path | None, compiled=identity):
     engine, precompiled = pack("compile_core.run.engine"), pack("compile_core.cache.precompiled")
+    saved_region, saved_guards = pack("compile_core.cache.saved_region"), pack("compile_core.cache.saved_guards")
     settings_mod = pack("compile_core.plan.settings")
     settings = settings_mod.CompileSettings.from_args(settings_mod.build_compile_args(mode="speed"))
     persistent = pack("compile_core.cache.persist").PersistentCache(persistent_root) if persistent_root else None
@@ -117,8 +118,8 @@ def compiled_model(pack, model, persistent_root: Path | None, compiled=identity)
     cm.entry.graphs = 1  # as after the first compile: no first-compile work on the measured calls
     if persistent_root:
         fake = AcceptingRegion(compiled)
-        precompiled.capture = lambda *a, **k: precompiled._Region(  # FAKE capture, see AcceptingRegion
-            fake, precompiled.GlobalChecks.capture([], {}), precompiled.LocalChecks([], []))
+        saved_region.capture = lambda *a, **k: saved_region._Region(  # FAKE capture, see AcceptingRegion
+            fake, saved_guards.GlobalChecks.capture([], {}), saved_guards.LocalChecks([], []))
         precompiled.Precompiled._save_checked = lambda *a, **k: None
     return cm
 
@@ -142,7 +143,7 @@ def interleaved(variants: dict, rounds: int, warm: int = 30, clock=time.thread_t
 
 def replay_rows(pack, model, call, rounds: int, tmp: Path) -> dict:
     """The pack's work per model call, on replayed block calls with identity regions."""
-    bridge, engine = pack("nodes.comfy_bridge"), pack("compile_core.run.engine")
+    bridge, attach = pack("nodes.comfy_model"), pack("compile_core.run.attach")
     calls = block_calls(model, call)
     cpu = calls[0][1][0].device
 
@@ -162,23 +163,23 @@ def replay_rows(pack, model, call, rounds: int, tmp: Path) -> dict:
             for b in model.blocks:
                 del b.__dict__["_compiled_call_impl"]
     regular, saved = compiled_model(pack, model, None), compiled_model(pack, model, tmp)
-    scope = regular._scope(False)[0]  # (what the engine's run enters)
+    scope = regular.state.scope(False)[0]  # (what the engine's run enters)
 
     def scoped_only():
         with scope.active():
             pass
 
     def attached_only():
-        with engine.attached(regular.plan.modules(model), identity, regular.plan.family, "auto",
-                             shapers=regular._shapers):
+        with attach.attached(regular.plan.modules(model), identity, regular.plan.family, "auto",
+                             shapers=regular.state.shapers):
             pass
 
     def routing_only():
         with bridge.weight_routing.routed(model, regular.plan):
             pass
     with regular.sampling_run(), saved.sampling_run():  # as the bridge runs them: one long run
-        med = interleaved({"core": core, "regular": lambda: bridge._run(regular, model, replay, cpu)}, rounds)
-        med_saved = interleaved({"core": core, "saved": lambda: bridge._run(saved, model, replay, cpu)}, rounds)
+        med = interleaved({"core": core, "regular": lambda: bridge.run_compiled(regular, model, replay, cpu)}, rounds)
+        med_saved = interleaved({"core": core, "saved": lambda: bridge.run_compiled(saved, model, replay, cpu)}, rounds)
     parts = interleaved({"weight routing": routing_only, "scoped_state": scoped_only,
                          "attached": attached_only}, rounds)
     rows = {"regular": _row(med["core"], med["regular"]), "saved": _row(med_saved["core"], med_saved["saved"])}
@@ -217,7 +218,7 @@ def in_model_call_rows(pack, model, call, calls: int, tmp: Path) -> dict:
     model call each in a shuffled order, so a noisy spell of the machine hits both."""
     import contextlib
     import torch.nn as nn
-    shapes, bridge = pack("compile_core.plan.shapes"), pack("nodes.comfy_bridge")
+    shapes, bridge = pack("compile_core.plan.shapes"), pack("nodes.comfy_model")
     cpu = next(model.parameters()).device
     made = shapes.shaped_call
     paths = {name: _InCallPath(pack, bridge, model, call, cpu, root, nn.Module._call_impl)
@@ -244,7 +245,7 @@ class _InCallPath:
         self.inner, self.hooks, self.model_call, self.outer = _Clock(), _Clock(), _Clock(), _Clock()
         self.cm = compiled_model(pack, model, root, compiled=self.inner.wrap(region_call))
         wrapped = self.model_call.wrap(call)
-        self.run = self.outer.wrap(lambda: bridge._run(self.cm, model, wrapped, cpu))
+        self.run = self.outer.wrap(lambda: bridge.run_compiled(self.cm, model, wrapped, cpu))
         self.per_call, self.around = [], []
 
     def hooked(self, made):

@@ -41,7 +41,8 @@ class TorchCompileDiagnostics:
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     def diagnose(self, model, samples, measure_runs, auto_disable_if_slower, unique_id=None):
-        from . import comfy_bridge  # the one module that touches ComfyUI internals
+        # imported here: the pack imports without ComfyUI (tests, tooling), comfy_bridge needs it
+        from . import comfy_bridge
 
         compiled, apply_node = comfy_bridge.compiled_model_of(model)
         if compiled is None:

@@ -14,7 +14,7 @@ and patch inside the op), then puts every attribute back. Only instance attribut
 layers are swapped, and only while the run lasts; the stand-ins call the live patch objects,
 so a new strength is read at every call and never cached. Layers without a LoRA, and weight
 functions other than LowVramPatch, are left as they are (traced as before). Used by
-``comfy_bridge`` only.
+``comfy_model`` only.
 
 A background compile (``compile_core.run.background``) holds the routing on its worker thread
 while the sampling thread enters and leaves it at every model call: each swapped attribute is

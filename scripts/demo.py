@@ -110,8 +110,8 @@ def saved_regions_available() -> bool:
     whether a restarted server can load saved regions at all (the server runs this torch:
     ``harness.PYTHON``)."""
     sys.path.insert(0, str(ROOT))
-    from compile_core.torch_support import torch_compat
-    return bool(torch_compat.load_compiled_function())
+    from compile_core.torch_support import aot
+    return bool(aot.load_compiled_function())
 
 
 def _restart_part(log: str) -> str:

@@ -22,271 +22,39 @@ its key (constant-time compare); anything else is refused with one warning and c
 Without the key, entries are trusted unsigned (the store itself must then be trusted), which a
 worker says once; ``TORCH_COMPILE_SPEED_SHARED_REQUIRE_SIGNED=1`` makes a worker without the key
 not use the store at all. The store's URL is never logged with its user or password.
+
+An entry's identity, archive, seal and signature are in ``fleet_entries``; the stores that
+keep entries in ``fleet_stores``.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
-import io
-import math
 import json
 import os
 import platform
-import tarfile
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import torch
 
 from ..report import log
-from ..torch_support import longpaths
 from ..plan import switches
-from .persist import write_atomic
-from ..plan.preflight import compiler_banner
+from .fleet_entries import (KEY_ENV, FleetAuthError, FleetError, artifact_identity, artifact_key,
+                            pack_dir, seal, sign, unpack_into, unseal, verify)
+from .fleet_stores import STORE_ENV, env_number, store_from_env
 
-STORE_ENV = "TORCH_COMPILE_SPEED_SHARED_CACHE"
 MAX_MB_ENV = "TORCH_COMPILE_SPEED_SHARED_MAX_MB"
-TTL_ENV = "TORCH_COMPILE_SPEED_SHARED_TTL_S"
-TIMEOUT_ENV = "TORCH_COMPILE_SPEED_SHARED_TIMEOUT_S"
-KEY_ENV = "TORCH_COMPILE_SPEED_SHARED_KEY"  # operator secret: sign and verify entries (HMAC)
 REQUIRE_SIGNED_ENV = "TORCH_COMPILE_SPEED_SHARED_REQUIRE_SIGNED"  # operator: no key, no store
-DEFAULT_MAX_MB, DEFAULT_TIMEOUT_S, DEFAULT_TTL_S = 2048.0, 3.0, 7 * 24 * 3600
-MAGIC = b"TCSFLEET1\n"
-SIGNED_MAGIC = b"TCSFLEET1-HMAC-SHA256\n"  # then the hex HMAC, a newline, and a sealed entry
-KEY_PREFIX = "tcs:compile:"
+DEFAULT_MAX_MB = 2048.0
 MANIFEST_MAX_BYTES = 1 << 20  # the shared prewarm manifest (a list of module and file names)
 PREFETCH_MAX = 4  # entries a new worker fetches at start-up
-TMP_SUFFIX = ".fleet-tmp"  # an unpacked file is written beside its target, then renamed
-
-
-class FleetError(RuntimeError):
-    """A shared entry is missing, incompatible, corrupt or unsafe."""
-
-
-class FleetAuthError(FleetError):
-    """A shared entry is not signed with this worker's TORCH_COMPILE_SPEED_SHARED_KEY."""
-
-
-def _env_number(name: str, default: float, cast=float):
-    """``cast`` of the operator's setting ``name``; the default, with one warning naming the
-    variable and its value, when it is not a positive finite number."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return cast(default)
-    try:
-        value = float(raw)
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(raw)
-        return cast(value)
-    except (ValueError, OverflowError):
-        log.warn_once(f"fleet-env:{name}:{raw}", "%s=%r is not a positive number; using the "
-                      "default %s", name, raw, cast(default))
-        return cast(default)
 
 
 def key_from_env() -> bytes | None:
     """The operator's shared key (``TORCH_COMPILE_SPEED_SHARED_KEY``), or None when unset/empty."""
     raw = os.environ.get(KEY_ENV, "").strip()
     return raw.encode() if raw else None
-
-
-# --------------------------------------------------------------------------- artifact identity
-
-@functools.lru_cache(maxsize=None)
-def _cpu_identity() -> str:
-    """CPU flags, C++ compiler version and -march: what a CPU-built kernel depends on."""
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        flags = platform.processor()
-    try:
-        from torch._inductor import cpp_builder
-        version = compiler_banner(cpp_builder.get_cpp_compiler()) or "no-cxx"
-    except Exception:  # noqa: BLE001 - no compiler: the key still differs from one that has it
-        version = "no-cxx"
-    march = os.environ.get("TORCHINDUCTOR_CPP_MARCH", "native")
-    return "cpu:" + hashlib.sha256(f"{flags}|{version}|{march}".encode()).hexdigest()[:16]
-
-
-def _triton_version() -> str:
-    """The installed Triton's version, whichever distribution ships it (PyPI's ``triton``, or
-    ``triton-windows`` on Windows, ``pytorch-triton`` / ``pytorch-triton-rocm`` next to nightly and ROCm builds)."""
-    from importlib.metadata import PackageNotFoundError, version
-    for dist in ("triton", "triton-windows", "pytorch-triton", "pytorch-triton-rocm"):
-        try:
-            return f"{dist}=={version(dist)}"
-        except PackageNotFoundError:
-            continue
-    return "none"
-
-
-def artifact_identity(device: torch.device) -> dict[str, str]:
-    """Everything besides the fingerprint that makes a compiled artifact valid on a worker."""
-    ident = {"torch": torch.__version__, "triton": _triton_version(),
-             "cuda": str(torch.version.cuda), "python": platform.python_version()}
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        ident["target"] = f"sm_{major}{minor}"
-    else:
-        ident["target"] = _cpu_identity()
-    return ident
-
-
-def artifact_key(fingerprint: str, device: torch.device) -> str:
-    ident = json.dumps(artifact_identity(device), sort_keys=True)
-    return hashlib.sha256(f"{fingerprint}|{ident}".encode()).hexdigest()[:32]
-
-
-# --------------------------------------------------------------------------- archives
-
-def pack_dir(src: Path) -> bytes:
-    """A gzip tar of the regular files under ``src`` with relative names (links are skipped)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=3) as tar:
-        for path in sorted(src.rglob("*")):
-            if path.is_file() and not path.is_symlink() and not path.name.endswith((".lock", ".tmp")):
-                tar.add(path, arcname=path.relative_to(src).as_posix(), recursive=False)
-    return buf.getvalue()
-
-
-def unpack_into(data: bytes, dest: Path) -> int:
-    """Extract ``data`` under ``dest`` after checking every member; returns the file count."""
-    dest = dest.resolve()
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        members = tar.getmembers()
-        for m in members:
-            name = PurePosixPath(m.name)
-            if name.is_absolute() or ".." in name.parts or m.name.startswith(("/", "\\")):
-                raise FleetError(f"unsafe archive member {m.name!r} (absolute or '..')")
-            if not (m.isfile() or m.isdir()):
-                raise FleetError(f"unsafe archive member {m.name!r} (link or special file)")
-            if not (dest / m.name).resolve().is_relative_to(dest):
-                raise FleetError(f"archive member {m.name!r} escapes {dest}")
-            _check_length(dest / m.name)
-        dest.mkdir(parents=True, exist_ok=True)
-        for m in members:
-            target = dest / m.name
-            if m.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            src = tar.extractfile(m)
-            tmp = target.with_name(target.name + TMP_SUFFIX)
-            with open(tmp, "wb") as out:
-                out.write(src.read())
-            os.chmod(tmp, 0o644 | (0o111 if m.mode & 0o111 else 0))
-            os.replace(tmp, target)
-    return sum(1 for m in members if m.isfile())
-
-
-def _check_length(target: Path) -> None:
-    """Windows without long paths cannot write a member this deep (nor its temp file)."""
-    length = len(str(target)) + len(TMP_SUFFIX)
-    if not longpaths.fits(length):
-        raise FleetError(f"archive member {target} would be a {length}-character path here, "
-                         f"past Windows' {longpaths.MAX_PATH}-character limit (long paths are "
-                         "not enabled)")
-
-
-def seal(key: str, identity: dict, payload: bytes) -> bytes:
-    header = {"key": key, "identity": identity, "sha256": hashlib.sha256(payload).hexdigest(),
-              "size": len(payload), "created": time.time(), "format": "inductor-dir.tar.gz"}
-    return MAGIC + json.dumps(header).encode() + b"\n" + payload
-
-
-def sign(blob: bytes, secret: bytes) -> bytes:
-    """A sealed ``blob`` wrapped with its HMAC-SHA256 under ``secret``."""
-    mac = hmac.new(secret, blob, hashlib.sha256).hexdigest().encode()
-    return SIGNED_MAGIC + mac + b"\n" + blob
-
-
-def verify(blob: bytes, secret: bytes | None) -> bytes:
-    """The sealed entry inside ``blob``. With a ``secret`` the entry must be signed with it
-    (FleetAuthError otherwise); without one, a signature is dropped unchecked and an unsigned
-    entry is returned as it is (the behaviour before keys existed)."""
-    if not blob.startswith(SIGNED_MAGIC):
-        if secret is not None:
-            raise FleetAuthError(f"entry is not signed; this worker has {KEY_ENV} set and loads "
-                                 "only entries signed with it")
-        return blob
-    mac, sep, inner = blob[len(SIGNED_MAGIC):].partition(b"\n")
-    if not sep:
-        raise FleetError("unreadable entry signature")
-    if secret is not None:
-        expected = hmac.new(secret, inner, hashlib.sha256).hexdigest().encode()
-        if not hmac.compare_digest(mac, expected):
-            raise FleetAuthError(f"entry signature does not verify with this worker's {KEY_ENV} "
-                                 "(another key, or written by someone without it)")
-    return inner
-
-
-def unseal(blob: bytes, key: str, identity: dict) -> bytes:
-    if not blob.startswith(MAGIC):
-        raise FleetError("not a TorchCompileSpeed fleet entry")
-    try:
-        head, payload = blob[len(MAGIC):].split(b"\n", 1)
-        header = json.loads(head)
-    except ValueError as exc:
-        raise FleetError(f"unreadable entry header ({exc})") from exc
-    if header.get("key") != key or header.get("identity") != identity:
-        raise FleetError("entry was built for another torch/compiler/device (incompatible key)")
-    if len(payload) != header.get("size") or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-        raise FleetError("entry content does not match its SHA-256 (corrupt or truncated)")
-    return payload
-
-
-# --------------------------------------------------------------------------- stores
-
-class DirStore:
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
-
-    def describe(self) -> str:
-        return f"directory {self.root}"
-
-    def get(self, key: str) -> bytes | None:
-        path = self.root / f"{key}.tcs"
-        return path.read_bytes() if path.is_file() else None
-
-    def put(self, key: str, blob: bytes) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.root / f"{key}.tcs", blob)
-
-
-class RedisStore:
-    def __init__(self, url: str, timeout_s: float, ttl_s: int):
-        import redis  # the optional dependency is only needed when an operator configures Redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-        self.url, self.ttl_s = url, ttl_s
-        # one attempt, bounded by timeout_s: a store that is down must cost little, once
-        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                           socket_connect_timeout=timeout_s,
-                                           retry=Retry(NoBackoff(), 0))
-
-    def describe(self) -> str:
-        return f"redis {log.redact(self.url)}"
-
-    def get(self, key: str) -> bytes | None:
-        return self.client.get(KEY_PREFIX + key)
-
-    def put(self, key: str, blob: bytes) -> None:
-        self.client.set(KEY_PREFIX + key, blob, ex=self.ttl_s)
-
-
-def store_from_env() -> DirStore | RedisStore | None:
-    spec = os.environ.get(STORE_ENV, "").strip()
-    if not spec:
-        return None
-    if spec.startswith(("redis://", "rediss://", "unix://")):
-        return RedisStore(spec, _env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT_S),
-                          _env_number(TTL_ENV, DEFAULT_TTL_S, cast=lambda v: max(1, int(v))))
-    return DirStore(spec)
 
 
 # --------------------------------------------------------------------------- fetch / publish
@@ -297,7 +65,7 @@ _FROM_ENV = object()
 class Fleet:
     def __init__(self, store, max_bytes: int | None = None, secret: bytes | str | None = _FROM_ENV):
         self.store = store
-        self.max_bytes = max_bytes or int(_env_number(MAX_MB_ENV, DEFAULT_MAX_MB) * 1024 ** 2)
+        self.max_bytes = max_bytes or int(env_number(MAX_MB_ENV, DEFAULT_MAX_MB) * 1024 ** 2)
         if secret is _FROM_ENV:
             secret = key_from_env()
         self.secret = secret.encode() if isinstance(secret, str) else (secret or None)

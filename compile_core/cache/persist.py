@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..report import log
-from ..torch_support import longpaths, torch_compat
+from ..torch_support import hooks, longpaths
 
 ROOT_ENV = "TORCH_COMPILE_SPEED_CACHE_DIR"       # operator: where the persistent cache lives
 MAX_GB_ENV = "TORCH_COMPILE_SPEED_CACHE_MAX_GB"  # operator: size bound (default below)
@@ -150,7 +150,7 @@ class PersistentCache:
         ours = self.root / HEADERS_SUBDIR
         if ours not in _SEEDED:
             _SEEDED.add(ours)
-            _seed_headers(ours, torch_compat.precompiled_header_dir_now())
+            _seed_headers(ours, hooks.precompiled_header_dir_now())
         return str(ours)
 
     def env(self, fingerprint: str) -> dict[str, str]:

@@ -31,15 +31,13 @@ What is not saved is replaced by checks of our own:
 
 Only regional inductor compiles without CUDA graphs use this (``supported``); any failure
 to trace, save or load means the regular path, never an error. Each saved file is loaded
-back and checked against the call it was traced for before it is kept.
+back and checked against the call it was traced for before it is kept. One region's trace,
+file pair and load are ``saved_region``'s; this module keeps each region's variants.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
-import io
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -47,12 +45,9 @@ import torch
 from torch import nn
 
 from ..report import log
-from . import source_check
+from . import saved_region
 from ..plan import switches
-from ..torch_support import torch_compat
-from .persist import write_atomic
-from .saved_guards import (GlobalChecks, LocalChecks, NotSaveable, ValuePickler, bind_subclasses,
-                           guard_checker, keep_guard, subclass_globals)
+from ..torch_support import aot, torch_compat
 
 DIRNAME = "tcs_saved_regions"  # inside the entry's inductor dir (persisted and shared with it)
 MODES = ("default", "max-autotune-no-cudagraphs")
@@ -64,7 +59,7 @@ def supported(settings, regional: bool) -> bool:
     (with the knob it needs), ``load_compiled_function`` and ``guard_filter_fn`` work."""
     return (regional and settings.backend == "inductor" and settings.mode in MODES
             and switches.switch(OFF_ENV, True)
-            and torch_compat.load_compiled_function() and torch_compat.guard_filter_fn())
+            and aot.load_compiled_function() and torch_compat.guard_filter_fn())
 
 
 def region_key(module: nn.Module) -> str:
@@ -89,145 +84,6 @@ def region_key(module: nn.Module) -> str:
 _KEYS: dict[tuple, str] = {}
 
 
-# --------------------------------------------------------------------- capture, save, load
-
-@dataclasses.dataclass
-class _Region:
-    fn: Callable                 # torch's AOTCompiledFunction
-    checks: GlobalChecks
-    locals: LocalChecks
-    sources: list = dataclasses.field(default_factory=list)  # source_check.Source of its trace
-    ran: bool = False            # called once in this process (inside the run's scope)
-    guards: Callable | None = None  # torch's saved guards as check(module, args, kwargs), see
-    # ``_first_check``; None: not yet decided
-
-    def accepts(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
-        """torch's saved guards, then ours on the functions the call passes in."""
-        guards = self.guards or self._first_check
-        return guards(module, args, kwargs) and self.locals.accepts(module, args, kwargs)
-
-    def _guard_check(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
-        return self.fn.guard_check(module, *args, **kwargs)
-
-    def _first_check(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
-        """``guard_check``, until it accepts a call: then ``saved_guards.guard_checker``'s
-        direct check (no signature binding) is kept for later calls if it accepts that call too."""
-        ok = self._guard_check(module, args, kwargs)
-        if not ok:
-            return ok
-        direct = guard_checker(self.fn)
-        try:
-            same = direct is not None and direct(module, args, kwargs) is True
-        except Exception:  # noqa: BLE001 - a torch whose guards need more: its own check
-            same = False
-        if direct is not None and not same:
-            log.info_once("direct-guard-check", "torch %s: a saved region's guards checked "
-                          "without its signature rejected a call guard_check accepts; using "
-                          "guard_check", torch.__version__)
-        self.guards = direct if same else self._guard_check
-        return ok
-
-    def rejection(self, module: nn.Module, args: tuple, kwargs: dict) -> str:
-        """Why this call is not accepted, for the log: torch's first failing guard, else ours."""
-        try:
-            if self.fn.guard_check(module, *args, **kwargs):
-                return "a function, enum member or class constant the pack checks differs"
-            f_locals = self.fn.prepare_f_locals(module, *args, **kwargs)
-            info = self.fn._artifacts.guard_manager.check_verbose(f_locals)
-            parts = (str(p).split("  #")[0].strip() for p in info.verbose_code_parts)  # (no source)
-            return f"torch's guard {'; '.join(parts)[:300]} fails"
-        except Exception as exc:  # noqa: BLE001 - only a log line
-            return f"torch's guards reject it ({exc.__class__.__name__})"
-
-
-def mode_options(mode: str | None, dynamic: bool | None) -> dict:
-    """A torch mode as the inductor options it stands for: ``torch.compile`` takes a mode or
-    options, never both, and the trace needs options (the guard filter)."""
-    if not mode or mode == "default":
-        return {}
-    from torch._inductor import list_mode_options
-    return dict(list_mode_options(mode, dynamic))
-
-
-def capture(module: nn.Module, args: tuple, kwargs: dict, compile_kwargs: dict) -> _Region:
-    """Trace and compile one region call with torch's AOT API (raises when it cannot, or when
-    the trace relies on a guard that nothing would check on the fast path)."""
-    dropped: set[str] = set()
-    local_fns: set[str] = set()
-    unchecked: set[str] = set()
-    kw = {k: v for k, v in compile_kwargs.items() if k in ("backend", "dynamic")}
-    options = {**mode_options(compile_kwargs.get("mode"), kw.get("dynamic")),
-               "guard_filter_fn": keep_guard(dropped, local_fns, unchecked)}
-    with torch_compat.aot_capture():  # torch 2.9: aot_compile exists only under enable_aot_compile
-        compiled = torch.compile(nn.Module._call_impl, fullgraph=True, options=options, **kw)
-        with ValuePickler():
-            fn = compiled.aot_compile(((module, *args), kwargs))
-    if unchecked:
-        raise NotSaveable(f"it relies on {sorted(unchecked)[0]}, which torch cannot save "
-                          "and the pack does not check")
-    sources = source_check.recorded(fn)
-    if sources is None:
-        raise NotSaveable(f"torch {torch.__version__} records no sources with it, so a later "
-                          "process could not tell whether the model's code changed")
-    return _Region(fn, GlobalChecks.capture(sorted(dropped), fn.fn.__globals__),
-                   LocalChecks.capture(sorted(local_fns), module, args, kwargs), sources=sources)
-
-
-def save(region: _Region, path: Path, key: str) -> None:
-    """``<key>.bin`` (torch's bytes) and ``<key>.json`` (our checks, the sources it was traced
-    from, and the digest of the ``.bin`` it belongs to), each written atomically."""
-    path.mkdir(parents=True, exist_ok=True)
-    data = type(region.fn).serialize(region.fn).serialized_data
-    meta = {"region": key, "torch": torch.__version__, "bin_sha256": hashlib.sha256(data).hexdigest(),
-            "sources": region.sources, "globals": region.checks.names,
-            "described": region.checks.described, "locals": region.locals.names,
-            "locals_described": region.locals.described,
-            "subclasses": subclass_globals(region.fn.fn, region.checks.names)}
-    write_atomic(path / f"{key}.bin", data)
-    write_atomic(path / f"{key}.json", json.dumps(meta))
-
-
-def load(path: Path, key: str) -> tuple[_Region | None, str]:
-    """(region, '') from a saved pair, or (None, why not); never raises."""
-    try:
-        meta = json.loads((path / f"{key}.json").read_text())
-        data = (path / f"{key}.bin").read_bytes()
-    except (OSError, ValueError):
-        return None, ""
-    if not isinstance(meta, dict) or meta.get("region") != key or meta.get("torch") != torch.__version__:
-        return None, "it was saved for another region or torch"
-    if meta.get("bin_sha256") != hashlib.sha256(data).hexdigest():
-        return None, "its .bin is not the one its .json was written for"
-    sources = meta.get("sources")
-    if not isinstance(sources, list) or not all(_is_source(s) for s in sources):
-        return None, "it names no sources to check it against"
-    sources = [tuple(s) for s in sources]
-    changed = source_check.changed(sources)
-    if changed:
-        return None, f"the model's code changed since it was traced ({changed}): tracing it afresh"
-    try:
-        subclasses = bind_subclasses(meta.get("subclasses") or {})
-    except Exception as exc:  # noqa: BLE001 - ComfyUI-GGUF not loaded, say
-        return None, f"a tensor subclass it uses is not there ({exc.__class__.__name__}: {exc})"
-    try:
-        extra = {"f_globals": subclasses} if subclasses else {}  # (GGUF's GGMLTensor)
-        with torch_compat.loading_built_kernels():
-            fn = torch.compiler.load_compiled_function(io.BytesIO(data), **extra)
-    except Exception as exc:  # noqa: BLE001 - corrupt, incompatible (torch checks its system info)
-        return None, f"torch could not load it ({exc.__class__.__name__}: {str(exc)[:200]})"
-    checks = GlobalChecks(list(meta.get("globals", [])), list(meta.get("described", [])))
-    problem = checks.matches_now(fn.fn.__globals__)
-    if problem:
-        return None, f"{problem}, so it was traced for other code"
-    local = LocalChecks(list(meta.get("locals", [])), list(meta.get("locals_described", [])))
-    return _Region(fn, checks, local, sources=sources), ""
-
-
-def _is_source(item) -> bool:
-    return (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
-            and isinstance(item[1], int) and isinstance(item[2], int) and isinstance(item[3], str))
-
-
 def _unmarked(values) -> tuple:
     """The same tensors without the dynamic-dim marks the shape policy put on them (a loaded
     function rejects marked inputs): new tensor objects over the same memory."""
@@ -244,14 +100,14 @@ class Precompiled:
     def __init__(self, directory: Path, compile_kwargs: dict):
         self.dir = directory
         self.compile_kwargs = compile_kwargs
-        self.regions: dict[str, list[_Region]] = {}
+        self.regions: dict[str, list[saved_region._Region]] = {}
         self.regular: set[str] = set()  # keys that use the regular torch.compile path here
         self.loaded = 0                 # regions loaded from disk in this process (and used)
         self.captured = 0
         self._keys: dict[int, str] = {}
         self._keyed: tuple = ()  # (device type, module ids) that ``_keys`` was made for
         self._taken: tuple | None = None  # (module, args, kwargs, region) of the last ``takes``
-        self._unused: dict[str, list[_Region]] = {}  # loaded from disk, no call accepted yet
+        self._unused: dict[str, list[saved_region._Region]] = {}  # loaded from disk, no call accepted yet
         self._in_use: set[str] = set()  # variant file names loaded or saved here: never overwritten
         self.scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
@@ -329,7 +185,7 @@ class Precompiled:
             self._taken = (module, args, kwargs, region)
         return region is not None
 
-    def _just_taken(self, module: nn.Module, args: tuple, kwargs: dict) -> _Region | None:
+    def _just_taken(self, module: nn.Module, args: tuple, kwargs: dict) -> saved_region._Region | None:
         """The variant ``takes`` found for this very call (the same module, argument tuple and
         keyword dict, checked just before on this thread: ``new_shapes`` then ``shapes``), so
         its guards do not run twice. Used once."""
@@ -338,7 +194,7 @@ class Precompiled:
             return taken[3]
         return None
 
-    def _find(self, key, module, args, kwargs) -> _Region | None:
+    def _find(self, key, module, args, kwargs) -> saved_region._Region | None:
         """The first variant whose guards accept this call (loading the saved ones once)."""
         variants = self.regions.get(key)
         if variants is None:
@@ -357,10 +213,10 @@ class Precompiled:
                 return region
         return None
 
-    def _load_saved(self, key: str) -> list[_Region]:
+    def _load_saved(self, key: str) -> list[saved_region._Region]:
         out = []
         for n in range(self.VARIANTS):
-            region, why = load(self.dir, _variant_name(key, n))
+            region, why = saved_region.load(self.dir, _variant_name(key, n))
             if why:
                 log.info("saved region %s in %s not used: %s", _variant_name(key, n), self.dir, why)
             if region is not None:
@@ -368,7 +224,7 @@ class Precompiled:
                 self._in_use.add(_variant_name(key, n))
         return out
 
-    def _capture(self, key, module, args, kwargs, mark) -> _Region | None:
+    def _capture(self, key, module, args, kwargs, mark) -> saved_region._Region | None:
         """Trace a new variant for a call no variant accepts (saved next to the others)."""
         variants = self.regions[key]
         taken = len(variants) + len(self._unused.get(key, ()))
@@ -383,7 +239,7 @@ class Precompiled:
         mark()
         try:
             with self.scope():
-                region = capture(module, args, kwargs, self.compile_kwargs)
+                region = saved_region.capture(module, args, kwargs, self.compile_kwargs)
         except Exception as exc:  # noqa: BLE001 - graph break, unsaved guard, ...: regular path
             self.regular.add(key)
             log.info("AOT compile of %s not possible (%s: %s): the regular torch.compile path "
@@ -404,12 +260,12 @@ class Precompiled:
         empty = [n for n in free if not (self.dir / f"{_variant_name(key, n)}.bin").exists()]
         return (empty or free)[0]
 
-    def _save_checked(self, region: _Region, key: str, module, args, kwargs) -> None:
+    def _save_checked(self, region: saved_region._Region, key: str, module, args, kwargs) -> None:
         """Save, then load the file back and check it accepts this very call: a file that a
         restart could not use (torch pickled something it cannot restore) is not kept."""
         try:
-            save(region, self.dir, key)
-            back, why = load(self.dir, key)
+            saved_region.save(region, self.dir, key)
+            back, why = saved_region.load(self.dir, key)
             args, kwargs = _unmarked(args), {k: v for k, v in zip(kwargs, _unmarked(kwargs.values()))}
             if back is not None and not back.accepts(module, args, kwargs):
                 why = "its guards reject the call it was traced for"

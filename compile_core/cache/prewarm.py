@@ -14,7 +14,7 @@ against the logging module's lock, held by a thread that meets a frame dynamo ha
 under its eval-frame callback, can deadlock two threads (seen: a server whose first prompt
 used core's TorchCompileModel hung at start-up). So nothing may run compiled code beside them:
 a prompt posted meanwhile waits for them (``probes_done``, called where ComfyUI takes a
-prompt, ``comfy_bridge``). The rest is
+prompt, ``nodes/comfy_prewarm.py``). The rest is
 learned, not guessed: after a compile, the modules it imported and the files dynamo indexed
 (and, on CPU, the cache dir where torch's ISA probe builds are) are recorded in
 ``prewarm.json`` at the persistent cache root; when that manifest exists (this server has
@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..report import log
+from ..torch_support import compile_threads, scoped, torch_compat
 from ..plan import switches
-from .persist import io_failed, write_atomic
+from .persist import io_failed, shared_object_problem, write_atomic
 
 ENV = "TORCH_COMPILE_SPEED_PREWARM"
 MANIFEST = "prewarm.json"
@@ -207,8 +208,6 @@ def warm_cpu_isa(inductor_dir: str | None) -> bool:
     if not inductor_dir or not os.path.isdir(inductor_dir):
         return False
     try:
-        from ..torch_support import scoped
-        from .persist import shared_object_problem
         if any(shared_object_problem(so) for so in Path(inductor_dir).rglob("*.so")):
             # a damaged probe .so would answer "no AVX" for the whole process (silently slow
             # kernels); the compile discards that entry first and probes in a fresh dir
@@ -273,7 +272,6 @@ def warm_probes() -> float:
     start = time.perf_counter()
     probed = False
     try:
-        from ..torch_support import compile_threads, torch_compat
         if compile_threads.after_a_thread_ends():  # (else this thread must not compile: it ends)
             torch_compat.features()
             probed = True

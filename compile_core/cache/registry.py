@@ -27,7 +27,7 @@ class CompiledEntry:
     reuses: int = 0            # applies that found this entry already built
     cache_hits: int = 0        # inductor FX-graph cache hits while compiling (persistent warm start)
     cache_misses: int = 0
-    frames: list = dataclasses.field(default_factory=list)  # engine._frames_since records
+    frames: list = dataclasses.field(default_factory=list)  # compile_pass.frames_since records
     fleet_checked: bool = False  # the shared store was asked once for this entry
     fleet_hit: bool = False
     measurement: dict = dataclasses.field(default_factory=dict)  # last Diagnostics speedup

@@ -26,8 +26,11 @@ import torch
 from torch import nn
 
 from .graph_breaks import GraphBreak, capture_inputs, find_graph_breaks, one_per_type
+from ..torch_support import scoped
 from ..torch_support.longpaths import on_windows
+from ..plan import knobs
 from ..report.recompiles import Recompile, recompiles_from
+from ..report.status import status_payload
 from ..report.timing import Timing, _cuda, measure
 
 
@@ -259,8 +262,6 @@ def diagnose(compiled_model, diffusion_model: nn.Module, eager: Callable[[], obj
     workflow; ``reraise`` lists exceptions that must propagate (ComfyUI's interrupt).
     ``check_interrupt`` (the host's cancel check) is called between model calls and before each
     graph-break trace; what it raises propagates, so a cancel stops the diagnosis promptly."""
-    from ..torch_support import scoped  # local: keep this module importable without the engine's deps
-
     cm = compiled_model
     e = cm.entry
     frames_before = len(e.frames)
@@ -298,7 +299,7 @@ def diagnose(compiled_model, diffusion_model: nn.Module, eager: Callable[[], obj
             if check_interrupt is not None:
                 check_interrupt()
             try:
-                with scoped.scoped_state(**scoped.knobs_for(cm.settings, on_cuda)):
+                with scoped.scoped_state(**knobs.knobs_for(cm.settings, on_cuda)):
                     breaks += find_graph_breaks(module, args, kwargs)
             except Exception as exc:  # noqa: BLE001
                 if isinstance(exc, reraise):
@@ -325,5 +326,4 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _state(cm) -> str:
-    from ..report.status import status_payload
     return status_payload(cm)["state"]

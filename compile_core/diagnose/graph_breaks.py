@@ -12,6 +12,8 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from ..torch_support import scoped, torch_compat
+
 
 @dataclasses.dataclass
 class GraphBreak:
@@ -123,8 +125,6 @@ def find_graph_breaks(module: nn.Module, args: tuple, kwargs: dict) -> list[Grap
     it keep a cache entry for this backend only; the pack's compiled runs never use it.
     It runs inside ``scoped.scoped_state``: torch (2.9) sets ``TORCHINDUCTOR_CACHE_DIR`` while
     compiling, and that must not outlive the trace whoever calls this."""
-    from ..torch_support import scoped, torch_compat
-
     with scoped.scoped_state():
         return _find_graph_breaks(module, args, kwargs, torch_compat.isolate_recompiles())
 

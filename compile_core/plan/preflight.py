@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from ..torch_support import aot, compile_threads, torch_compat
 from ..torch_support.longpaths import on_windows
 from .settings import CompileSettings
 
@@ -30,18 +31,17 @@ class Finding:
 @functools.lru_cache(maxsize=None)
 def torch_features() -> dict[str, bool]:
     """What this torch can do, each feature tried by ``torch_compat`` (probed once, lazily)."""
-    from ..torch_support import torch_compat
     return {
         "isolate_recompiles": torch_compat.isolate_recompiles(),
         "compile_recompile_limit": torch_compat.recompile_limit_kwarg(),
         "guard_filter_fn": torch_compat.guard_filter_fn(),
         "mark_unbacked": torch_compat.mark_unbacked(),
         "nested_compile_region": torch_compat.nested_compile_region(),
-        "cache_artifacts": torch_compat.cache_artifacts(),
-        "aot_compile": torch_compat.aot_compile_knobs() is not None,
-        "load_compiled_function": torch_compat.load_compiled_function(),
+        "cache_artifacts": aot.cache_artifacts(),
+        "aot_compile": aot.aot_compile_knobs() is not None,
+        "load_compiled_function": aot.load_compiled_function(),
         "backed_size_oblivious_safe": torch_compat.backed_size_oblivious_safe(),
-        "compiles_after_a_thread_ends": torch_compat.compile_threads.after_a_thread_ends(),
+        "compiles_after_a_thread_ends": compile_threads.after_a_thread_ends(),
     }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import queue
 import sys
 import threading
@@ -33,6 +34,7 @@ from torch import nn
 
 from . import fallback, pacing
 from ..report import log
+from ..torch_support import compile_threads
 
 MAX_CAPTURED = 16  # region variants whose inputs one capture keeps (identical blocks share one)
 # Serialises the moments the worker's compile scope sets or restores the process-wide
@@ -149,7 +151,6 @@ def _in_own_thread(fn: Callable[[], None], label: str) -> None:
     on the long-lived worker; unchanged after one in a thread that ended). Not on a torch where
     a thread that compiled must not end (``compile_threads``): there ``fn`` runs on the worker,
     which never ends."""
-    from ..torch_support import compile_threads
     if not compile_threads.after_a_thread_ends():
         fn()
         return
@@ -371,7 +372,6 @@ def settings_for(settings, device: torch.device):
     """On CUDA a background compile must not autotune next to the running model (autotuning
     allocates benchmark buffers in VRAM and times kernels on a GPU the model keeps busy):
     ``mode`` becomes ``default``."""
-    import dataclasses
     if not settings.background_compile or device.type != "cuda":
         return settings
     if settings.mode == "default":

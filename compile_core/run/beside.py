@@ -32,15 +32,16 @@ import torch
 from torch import nn
 
 from . import background
+from .state import ModelState
 from ..report import log
-from ..torch_support import torch_compat
+from ..torch_support import guards, probing
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class StrictMiss:
     """For one model call (``shapes.shaped_call``'s ``miss``): a region runs compiled only when
-    a graph of it takes the call for sure (its guards, ``torch_compat.cached_graph_accepts``),
+    a graph of it takes the call for sure (its guards, ``guards.cached_graph_accepts``),
     else its eager forward; nothing is kept for a compile."""
 
     def __init__(self, compiled: Callable):
@@ -50,16 +51,16 @@ class StrictMiss:
             fast=None) -> tuple | None:
         taken = fast.takes_ready(module, shaped, shaped_kwargs) if fast is not None else None
         if taken is None:
-            taken = torch_compat.cached_graph_accepts(self.compiled, module, shaped, shaped_kwargs)
+            taken = guards.cached_graph_accepts(self.compiled, module, shaped, shaped_kwargs)
         if taken is True:
             return None
         self.eager_regions += 1
         return (nn.Module._call_impl(module, *args, **kwargs),)
 
 
-def why_not(cm, device: torch.device) -> str:
+def why_not(state, device: torch.device) -> str:
     """Why this model's calls cannot run its graphs beside the worker ('' when they can)."""
-    e, s = cm.entry, cm.settings
+    e, s = state.entry, state.settings
     if e.failed or not e.graphs:  # (of the entry: an Apply node that runs again shares it)
         return "it has no compiled graph yet"
     if e.graph_breaks:
@@ -67,38 +68,43 @@ def why_not(cm, device: torch.device) -> str:
     if device.type == "cuda" and (s.backend == "cudagraphs" or
                                   (s.backend == "inductor" and s.mode in CUDA_GRAPH_MODES)):
         return "its graphs replay CUDA graphs"
-    if not torch_compat.answered(torch_compat.guard_check):  # (never run here: see ``answered``)
+    if not probing.answered(guards.guard_check):  # (never run here: see ``answered``)
         return f"torch {torch.__version__} cannot check its graphs' guards ahead, or has not been asked yet"
     return ""
 
 
-def run(cm, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device,
-        attached: Callable) -> object:
-    """One model call of ``cm`` (an ``engine.CompiledModel``) while the worker compiles another
-    model: on its graphs where they take it, else eagerly; said once per job."""
-    why = why_not(cm, device)
-    background.note_beside(cm.description, why)
-    try:
-        if why:
-            return background.eager_beside_worker(call, device)
-        return _on_its_graphs(cm, diffusion_model, call, device, attached)
-    except torch.OutOfMemoryError as exc:
-        return after_the_compile(cm.description, call, device, exc)
+class Beside:
+    """The route of a model call in background mode while the worker compiles another model:
+    on this model's graphs where they take it, else eagerly; said once per job."""
 
+    def __init__(self, state: ModelState, in_background):
+        self.state, self.in_background = state, in_background
 
-def _on_its_graphs(cm, diffusion_model, call, device, attached):
-    modules, fast = cm.plan.modules(diffusion_model), cm.entry.precompiled or None
-    miss = StrictMiss(cm.entry.compiled)
+    def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device) -> tuple | None:
+        if not self.in_background.active or not background.busy():
+            return None
+        why = why_not(self.state, device)
+        background.note_beside(self.state.description, why)
+        try:
+            if why:
+                return (background.eager_beside_worker(call, device),)
+            return (self._on_its_graphs(diffusion_model, call, device),)
+        except torch.OutOfMemoryError as exc:
+            return (after_the_compile(self.state.description, call, device, exc),)
 
-    def compiled_call():
-        if fast is not None:
-            fast.begin_run(modules, device)  # (no scope: ``takes_ready`` lets only built variants run)
-        with attached(modules, cm.entry.compiled, cm.plan.family, cm.settings.shape_policy,
-                      not cm.plan.regional, fast, cm._shapers, miss):
-            return call()
-    out = background.eager_beside_worker(compiled_call)  # every thread: see the module's notes
-    cm.entry.runs += miss.eager_regions == 0  # (a compiled model call, as ``engine`` counts them)
-    return out
+    def _on_its_graphs(self, diffusion_model, call, device):
+        s = self.state
+        modules, fast = s.plan.modules(diffusion_model), s.entry.precompiled or None
+        miss = StrictMiss(s.entry.compiled)
+
+        def compiled_call():
+            if fast is not None:
+                fast.begin_run(modules, device)  # (no scope: ``takes_ready`` lets only built variants run)
+            with s.attached(modules, fast, miss):
+                return call()
+        out = background.eager_beside_worker(compiled_call)  # every thread: see the module's notes
+        s.entry.runs += miss.eager_regions == 0  # (a compiled model call, as the foreground counts them)
+        return out
 
 
 def after_the_compile(description: str, call: Callable[[], object], device: torch.device, exc) -> object:

@@ -4,7 +4,7 @@ Once a model in background mode runs compiled, a new input (a new resolution or 
 graphs do not cover) would make dynamo compile on the calling thread and hold up the step.
 ``EagerOnMiss`` sits in front of each region call of such a model: before the compiled
 region is called it asks whether a graph already takes the call, exactly as dynamo would
-(its guards, ``torch_compat.cached_graph_accepts``; for a saved region, the saved region's
+(its guards, ``guards.cached_graph_accepts``; for a saved region, the saved region's
 own guards). A call no graph takes runs the module's eager forward instead, and its inputs
 are kept so the engine can queue their compile on the worker (``background``).
 
@@ -18,7 +18,7 @@ from typing import Callable
 
 from torch import nn
 
-from ..torch_support import torch_compat
+from ..torch_support import guards
 from .background import MAX_CAPTURED, Captured
 
 
@@ -33,7 +33,7 @@ class EagerOnMiss:
 
     @staticmethod
     def available() -> bool:
-        return torch_compat.guard_check()
+        return guards.guard_check()
 
     def run(self, module: nn.Module, args: tuple, kwargs: dict, shaped: tuple, shaped_kwargs: dict,
             fast=None) -> tuple | None:
@@ -52,4 +52,4 @@ class EagerOnMiss:
             taken = fast.takes(module, args, kwargs)
             if taken is not None:
                 return not taken
-        return torch_compat.cached_graph_accepts(self.compiled, module, args, kwargs) is False
+        return guards.cached_graph_accepts(self.compiled, module, args, kwargs) is False

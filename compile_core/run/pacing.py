@@ -6,7 +6,7 @@ shares the interpreter lock with the sampling thread: a compile beside a prompt 
 host is idle (ComfyUI: no prompt running or queued, ``set_idle_check``), and once started it
 gives way to prompts (``paced``):
 - in its Python phases it pauses at torch's per-instruction and per-node methods
-  (``torch_compat.pause_points``; a profile hook at every call cost 30-50 % of the compile),
+  (``hooks.pause_points``; a profile hook at every call cost 30-50 % of the compile),
   sleeping without the interpreter lock until the host is idle again;
 - the C++ compilers the process runs meanwhile (inductor's g++ and the like) run at the lowest
   CPU priority (``_Compilers``): they take the cores only when the prompt leaves them free. The
@@ -32,7 +32,7 @@ import time
 from typing import Callable, Iterator
 
 from ..report import log
-from ..torch_support import torch_compat
+from ..torch_support import hooks
 
 CHECK_INTERVAL = 0.02  # s between the questions at the pause points
 POLL = 0.05  # s between questions while paused or waiting to start
@@ -188,7 +188,7 @@ def paced(job) -> Iterator[None]:
     compilers = _Compilers()
     compilers.thread.start()
     try:
-        with torch_compat.pause_points(_Pacer(job)):
+        with hooks.pause_points(_Pacer(job)):
             yield
     finally:
         compilers.stop.set()

@@ -17,8 +17,7 @@ import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
 
 from ..report import log
-from ..plan import shapes
-from . import torch_compat
+from . import hooks
 
 ALWAYS_INDUCTOR = {"freezing": False}
 # Environment variables the pack may set during a run (snapshot() covers them).
@@ -100,7 +99,7 @@ class _Active:
                 _clear_inductor_caches()
             _set_knobs(scope.knobs, self.prior)
             if scope.headers:
-                self.headers = torch_compat.precompiled_header_dir(scope.headers)
+                self.headers = hooks.precompiled_header_dir(scope.headers)
                 self.headers.__enter__()
         except BaseException:
             self._restore()
@@ -157,23 +156,6 @@ def _clear_inductor_caches() -> None:
         pass
 
 
-def knobs_for(settings, on_cuda: bool) -> dict[str, dict]:
-    """The scoped knobs a ``CompileSettings`` asks for (docs/how-it-works.md describes them)."""
-    from . import torch_compat
-    dynamo = {  # torch before 2.7 names the recompile limit cache_size_limit
-        torch_compat.recompile_limit_knob() or "recompile_limit": settings.cache_size_limit,
-        "accumulated_recompile_limit": max(settings.recompile_limit, settings.cache_size_limit),
-        # auto marks exactly the latent dims dynamic; letting weights turn symbolic after a
-        # shape mismatch (heterogeneous UNet layers share forward code) would only slow it down
-        "force_parameter_static_shapes": (settings.force_parameter_static_shapes
-                                          or settings.shape_policy == "auto"),
-    }
-    inductor: dict[str, object] = {}
-    if settings.experimental_ptx and on_cuda and settings.ptx_fast_math:
-        inductor["use_fast_math"] = True
-    return {"dynamo": dynamo, "inductor": inductor, "fx": shapes.fx_knobs(settings.shape_policy)}
-
-
 def snapshot() -> dict:
     """Global state a compile could leak: configs, the pack's env vars, matmul precision flags."""
     return {
@@ -181,7 +163,7 @@ def snapshot() -> dict:
         "inductor": inductor_config.get_config_copy(),
         "fx": fx_config.get_config_copy(),
         "env": {k: os.environ.get(k) for k in PACK_ENV_VARS},
-        "precompiled_headers": torch_compat.precompiled_header_dir_now(),
+        "precompiled_headers": hooks.precompiled_header_dir_now(),
         "tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
                  torch.get_float32_matmul_precision()),
     }

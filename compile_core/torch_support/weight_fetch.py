@@ -10,7 +10,7 @@ strength. The op runs ``ref.fetch(x)`` (ComfyUI's own code) eagerly; while traci
 implementation returns ``ref.fake(x)`` (empty tensors of the right shape, dtype and device).
 
 The op and the opaque type are registered once per process, on first use (``register``).
-``torch_compat.opaque_weight_fetch`` probes that they work on this torch; on torch without
+``opaque_weight_fetch`` probes that they work on this torch; on torch without
 opaque objects nothing here is used and a strength change recompiles, as before.
 """
 from __future__ import annotations
@@ -20,6 +20,8 @@ import sys
 from typing import Callable
 
 import torch
+
+from .probing import _Counter, _fresh, _probe
 
 try:  # torch 2.14+ (opaque objects' base, renamed)
     from torch._custom_class_base import CustomClassBase as _Base
@@ -80,7 +82,7 @@ def register() -> bool:
             opaque_object.register_opaque_type(WeightRef, typ="reference")
         op = torch.library.custom_op(f"{NAMESPACE}::{NAME}", _fetch_impl, mutates_args=())
         op.register_fake(_fetch_fake)
-    except Exception:  # noqa: BLE001 - any failure: the feature is off (torch_compat says so)
+    except Exception:  # noqa: BLE001 - any failure: the feature is off (the probe says so)
         return False
     return True
 
@@ -106,5 +108,30 @@ def fetch(ref: WeightRef, x: torch.Tensor) -> list[torch.Tensor]:
 
 def available() -> bool:
     """The op works here: registered, and it compiles to one graph across refs (the probe)."""
-    from . import torch_compat
-    return torch_compat.opaque_weight_fetch()
+    return opaque_weight_fetch()
+
+
+class _Holder:  # the probe's stand-in for a layer's weight function (a ref in an attribute)
+    def __init__(self, ref):
+        self.ref = ref
+
+
+def _fetch_twice(fetch, holder, x):
+    return fetch(holder.ref, x)[0] * 2
+
+
+@functools.lru_cache(maxsize=None)
+def opaque_weight_fetch() -> bool:
+    """This module's op on an opaque reference object: one graph serves two different objects
+    (their state is not guarded), and each call gets its own object's value."""
+    def run():
+        if not register():
+            return False
+        c, x = _Counter(), torch.randn(3)
+        compiled = torch.compile(_fresh(_fetch_twice), backend=c, fullgraph=True)
+        for scale in (2.0, -3.0):
+            ref = WeightRef(lambda t, s=scale: [t * s], lambda t: [torch.empty_like(t)])
+            if not torch.allclose(compiled(fetch, _Holder(ref), x), x * scale * 2):
+                return False
+        return c.graphs == 1
+    return _probe(run)

@@ -136,11 +136,11 @@ def pack_log(caplog):
 def torch_notes() -> tuple[str, ...]:
     """The pack's once-per-process INFO notes about what this torch lacks (compile_core.run.engine),
     only where ``torch_compat`` finds the feature missing: on a torch that has them all, none."""
-    from compile_core.torch_support import torch_compat
+    from compile_core.torch_support import aot, torch_compat
     notes = []
     if not torch_compat.isolate_recompiles():
         notes.append("has no working isolate_recompiles")
-    if not torch_compat.load_compiled_function():
+    if not aot.load_compiled_function():
         notes.append("cannot save and load a compiled function")
     return tuple(notes)
 

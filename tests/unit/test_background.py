@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compile_core.run import background, engine, pacing
-from compile_core.torch_support import compile_threads, torch_compat
+from compile_core.torch_support import compile_threads, guards
 from compile_core.report.status import status_payload
 from tcs_engine_helpers import CPU, eager, run, settings
 
@@ -18,7 +18,7 @@ def _bg(**kw):
 
 def _wait_done(cm):
     assert background.wait_idle(timeout=300)
-    assert cm._job is None or cm._job.done.is_set()
+    assert cm.background.job is None or cm.background.job.done.is_set()
 
 
 def test_first_call_runs_eagerly_then_compiled_regions_swap_in(wan, wan_inputs, graph_count, pack_log):
@@ -28,7 +28,7 @@ def test_first_call_runs_eagerly_then_compiled_regions_swap_in(wan, wan_inputs, 
     cm = engine.prepare(model, _bg())
     g0 = graph_count()
     torch.testing.assert_close(run(cm, model, x, t), ref)  # eager, inputs captured
-    assert cm.compiling_in_background or cm._job.done.is_set()
+    assert cm.compiling_in_background or cm.background.job.done.is_set()
     _wait_done(cm)
     assert graph_count() - g0 == 1  # the worker compiled one graph for the 3 blocks
     g1 = graph_count()
@@ -53,7 +53,7 @@ def test_inside_another_compile_the_first_call_compiles_in_the_foreground(wan, w
     cm.inside_other_compile = True
     g0 = graph_count()
     torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
-    assert cm._job is None and cm.entry.runs == 1 and graph_count() - g0 == 1  # compiled here
+    assert cm.background.job is None and cm.entry.runs == 1 and graph_count() - g0 == 1  # compiled here
 
 
 def test_inference_mode_is_kept_for_the_worker(wan, wan_inputs, graph_count):
@@ -77,11 +77,11 @@ def test_calls_while_the_worker_compiles_run_eagerly(wan, wan_inputs, monkeypatc
     ref = eager(model, x, t)
     cm = engine.prepare(model, _bg())
     gate = threading.Event()
-    original = cm._compile_captured
-    monkeypatch.setattr(cm, "_compile_captured", lambda *a: (gate.wait(60), original(*a)))
+    original = cm.background.compile_captured
+    monkeypatch.setattr(cm.background, "compile_captured", lambda *a: (gate.wait(60), original(*a)))
     for _ in range(3):
         torch.testing.assert_close(run(cm, model, x, t), ref)
-    assert cm.compiling_in_background and cm._job.eager_calls == 3
+    assert cm.compiling_in_background and cm.background.job.eager_calls == 3
     gate.set()
     _wait_done(cm)
     torch.testing.assert_close(run(cm, model, x, t), ref)
@@ -96,8 +96,8 @@ def test_out_of_memory_beside_the_workers_compile_waits_for_it_and_runs_again(wa
     x, t = wan_inputs()
     cm = engine.prepare(model, _bg())
     gate = threading.Event()
-    original = cm._compile_captured
-    monkeypatch.setattr(cm, "_compile_captured", lambda *a: (gate.wait(60), original(*a))[1])
+    original = cm.background.compile_captured
+    monkeypatch.setattr(cm.background, "compile_captured", lambda *a: (gate.wait(60), original(*a))[1])
     run(cm, model, x, t)  # captured; its compile waits at the gate
 
     def out_of_memory(fn, device=None):
@@ -105,7 +105,7 @@ def test_out_of_memory_beside_the_workers_compile_waits_for_it_and_runs_again(wa
     monkeypatch.setattr(background, "eager_beside_worker", out_of_memory)
     threading.Timer(0.5, gate.set).start()
     torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
-    assert not background.busy() and cm._job.done.is_set()  # it waited for the compile
+    assert not background.busy() and cm.background.job.done.is_set()  # it waited for the compile
     warnings = pack_log.warnings()
     assert len(warnings) == 1 and "ran out of memory beside a background compile" in warnings[0]
 
@@ -135,14 +135,14 @@ def test_an_out_of_memory_in_the_background_compile_retries_at_the_next_run(wan,
     x, t = wan_inputs()
     ref = eager(model, x, t)
     cm = engine.prepare(model, _bg())
-    original, raised = cm._compile_captured, []
+    original, raised = cm.background.compile_captured, []
 
     def out_of_memory_once(*a):
         if not raised:
             raised.append(True)
             raise torch.OutOfMemoryError("FAKE: CUDA out of memory")
         return original(*a)
-    monkeypatch.setattr(cm, "_compile_captured", out_of_memory_once)
+    monkeypatch.setattr(cm.background, "compile_captured", out_of_memory_once)
     with cm.sampling_run():
         torch.testing.assert_close(run(cm, model, x, t), ref)  # captured, queued
         _wait_done(cm)
@@ -187,13 +187,13 @@ def test_a_model_whose_compile_is_done_runs_it_beside_another_models_compile(wan
     x, t = wan_inputs()
     ca, cb = engine.prepare(a, _bg(backend=counting_backend.name)), engine.prepare(b, _bg())
     gate = threading.Event()
-    original = cb._compile_captured
-    cb._compile_captured = lambda *args: (gate.wait(60), original(*args))[1]
+    original = cb.background.compile_captured
+    cb.background.compile_captured = lambda *args: (gate.wait(60), original(*args))[1]
     try:
         run(ca, a, x, t)  # a: eager, its compile queued
         run(cb, b, x, t)  # b: eager, its compile queued after a's (held at the gate)
-        assert ca._job.done.wait(60) and not ca.entry.failed and background.busy()
-        ahead, runs, g = torch_compat.guard_check(), counting_backend.runs, graph_count()
+        assert ca.background.job.done.wait(60) and not ca.entry.failed and background.busy()
+        ahead, runs, g = guards.guard_check(), counting_backend.runs, graph_count()
         torch.testing.assert_close(run(ca, a, x, t), eager(a, x, t))
         assert counting_backend.runs == runs + 2 * ahead and graph_count() == g  # a's 2 blocks, compiled
     finally:
@@ -211,7 +211,7 @@ def test_foreground_finishes_a_pending_compile_first(wan, wan_inputs, graph_coun
     cm = engine.prepare(model, _bg())
     run(cm, model, x, t)
     with cm.foreground():
-        assert not background.busy() and cm._job is None
+        assert not background.busy() and cm.background.job is None
         g = graph_count()
         torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
         assert graph_count() == g
@@ -319,7 +319,7 @@ def test_a_cpu_step_beside_the_worker_leaves_it_one_core(device, fewer):
         torch.set_num_threads(before)
 
 
-@pytest.mark.skipif(not torch_compat.guard_check(), reason="new inputs compile in the foreground here")
+@pytest.mark.skipif(not guards.guard_check(), reason="new inputs compile in the foreground here")
 def test_a_new_size_runs_eagerly_and_compiles_on_the_worker(wan, wan_inputs, graph_count, pack_log):
     """Static shapes: a new token count needs a new graph. That call runs its regions eagerly
     (no graph on the calling thread) and queues the compile; the next call swaps it in."""
@@ -331,18 +331,18 @@ def test_a_new_size_runs_eagerly_and_compiles_on_the_worker(wan, wan_inputs, gra
     run(cm, model, *small)  # swapped in
     g0 = graph_count()
     torch.testing.assert_close(run(cm, model, *big), eager(model, *big))
-    assert graph_count() == g0 and cm._job is not None  # eager here, compile queued
+    assert graph_count() == g0 and cm.background.job is not None  # eager here, compile queued
     _wait_done(cm)
     assert graph_count() == g0 + 1  # the worker's graph for the new size
     torch.testing.assert_close(run(cm, model, *big), eager(model, *big))
-    assert graph_count() == g0 + 1 and cm._job is None and cm.swapped_at == 2
+    assert graph_count() == g0 + 1 and cm.background.job is None and cm.swapped_at == 2
     torch.testing.assert_close(run(cm, model, *small), eager(model, *small))  # both sizes kept
     assert graph_count() == g0 + 1
     infos = "\n".join(pack_log.infos())
     assert "2 region call(s) of" in infos and "it compiles in the background" in infos
 
 
-@pytest.mark.skipif(not torch_compat.guard_check(), reason="new inputs compile in the foreground here")
+@pytest.mark.skipif(not guards.guard_check(), reason="new inputs compile in the foreground here")
 def test_a_miss_that_compiles_nothing_turns_the_probe_off(wan, wan_inputs, monkeypatch, pack_log):
     """Told "no graph takes this call" where one does (simulated), the queued compile finds
     nothing to compile: from then on new inputs take the regular path, never eager forever."""
@@ -352,11 +352,11 @@ def test_a_miss_that_compiles_nothing_turns_the_probe_off(wan, wan_inputs, monke
     run(cm, model, x, t)
     _wait_done(cm)
     run(cm, model, x, t)
-    monkeypatch.setattr(torch_compat, "cached_graph_accepts", lambda *a: False)  # the fake
+    monkeypatch.setattr(guards, "cached_graph_accepts", lambda *a: False)  # the fake
     run(cm, model, x, t)  # "missed": eager, compile queued
     _wait_done(cm)
     torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
-    assert cm._miss_off and cm._miss_probe() is None
+    assert cm.background.miss_off and cm.background.probe() is None
     assert "compiled nothing new" in "\n".join(pack_log.infos())
 
 
@@ -430,14 +430,14 @@ def test_a_cpu_models_compile_waits_until_the_server_is_idle(wan, wan_inputs, gr
         for _ in range(3):
             torch.testing.assert_close(run(cm, model, x, t), ref)
         time.sleep(3 * pacing.POLL)
-        assert not background.WORKER.running() and not cm._job.started.is_set()
-        assert graph_count() == g0 and cm._job.eager_calls == 3 and cm.compiling_in_background
+        assert not background.WORKER.running() and not cm.background.job.started.is_set()
+        assert graph_count() == g0 and cm.background.job.eager_calls == 3 and cm.compiling_in_background
         assert status_payload(cm)["state"] == "background-after-run"
     time.sleep(3 * pacing.POLL)
-    assert not cm._job.done.is_set() and graph_count() == g0  # over, but the server is busy
+    assert not cm.background.job.done.is_set() and graph_count() == g0  # over, but the server is busy
     assert status_payload(cm)["state"] == "background-after-run"
     host_state["idle"] = True
-    assert cm._job.done.wait(300) and background.wait_idle(300)
+    assert cm.background.job.done.wait(300) and background.wait_idle(300)
     assert graph_count() - g0 == 1
     # no model call comes until the next run: the worker itself says it is compiled now
     assert [state for state, _ in told] == ["cold"] and told[0][1] is not threading.main_thread()
@@ -528,9 +528,9 @@ def test_waiting_for_the_worker_starts_a_compile_that_waits_for_the_server(wan, 
     with cm.sampling_run():
         run(cm, model, x, t)
         time.sleep(3 * pacing.POLL)
-        assert not cm._job.started.is_set()
-        assert background.wait_idle(300) and cm._job.done.is_set() and cm._job.error is None
-        assert cm._job.pauses == 0
+        assert not cm.background.job.started.is_set()
+        assert background.wait_idle(300) and cm.background.job.done.is_set() and cm.background.job.error is None
+        assert cm.background.job.pauses == 0
 
 
 @pytest.mark.parametrize("device", ["cuda", "mps"])
@@ -541,10 +541,10 @@ def test_a_gpu_models_compile_does_not_yield(wan, wan_inputs, host_state, device
     model = wan.Model(n_blocks=2).eval()
     cm = engine.prepare(model, _bg())
     gate = threading.Event()
-    monkeypatch.setattr(cm, "_compile_captured", lambda *a: gate.wait(60))
+    monkeypatch.setattr(cm.background, "compile_captured", lambda *a: gate.wait(60))
     with cm.sampling_run():
-        cm._queue([], torch.device(device), "the first input")
-        assert not cm._job.yields and cm._job.started.wait(10)  # at once, though the server is busy
+        cm.background.queue([], torch.device(device), "the first input")
+        assert not cm.background.job.yields and cm.background.job.started.wait(10)  # at once, though the server is busy
     gate.set()
     assert background.wait_idle(60)
 
@@ -571,7 +571,7 @@ def test_a_broken_idle_check_starts_the_waiting_compile_with_one_warning(wan, wa
     cm = engine.prepare(model, _bg())
     with cm.sampling_run():
         run(cm, model, x, t)
-    assert cm._job.done.wait(300) and cm._job.pauses == 0
+    assert cm.background.job.done.wait(300) and cm.background.job.pauses == 0
     assert len([w for w in pack_log.warnings() if "could not tell whether the server is idle" in w]) == 1
 
 

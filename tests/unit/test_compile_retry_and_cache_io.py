@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compile_core.run import engine
+from compile_core.run import compile_pass, engine
 from compile_core.report import log
 from compile_core.cache import persist
 from compile_core.cache.persist import PersistentCache
@@ -63,7 +63,7 @@ def test_saving_after_a_compile_survives_a_failing_disk(wan, tmp_path, monkeypat
     (tmp_path / "other").mkdir()  # an entry a second ComfyUI evicts at the same moment
     monkeypatch.setattr(persist.os, "replace", _fail(PermissionError(13, "sharing violation")))
     monkeypatch.setattr(persist.Path, "stat", _fail(FileNotFoundError(2, "No such file")))
-    cm._note_cache(cm._cache_counts(), CPU)  # does not raise
+    compile_pass.note_cache(cm.state, compile_pass.cache_counts(cm.state), CPU)  # does not raise
     assert not cache.is_complete(cm.fingerprint)
     warnings = pack_log.warnings()
     assert len(warnings) == 1 and "sharing violation" in warnings[0], warnings

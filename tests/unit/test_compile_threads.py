@@ -64,8 +64,8 @@ def test_on_windows_the_child_opens_no_console_window(fresh_probe, monkeypatch):
 
 def _compile_thread(cm, monkeypatch) -> list[str]:
     """The names of the threads the model's background compiles ran on."""
-    names, original = [], cm._compile_captured
-    monkeypatch.setattr(cm, "_compile_captured",
+    names, original = [], cm.background.compile_captured
+    monkeypatch.setattr(cm.background, "compile_captured",
                         lambda *a: (names.append(threading.current_thread().name), original(*a))[1])
     return names
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core.run import engine
+from compile_core.run import compile_pass, engine
 from compile_core.torch_support import scoped
 from compile_core.cache.registry import REGISTRY
 
@@ -391,11 +391,11 @@ def test_frames_since_reads_records_of_older_torch(monkeypatch):
     new = _types.SimpleNamespace(co_name="forward", co_filename="m.py", co_firstlineno=3,
                                  entire_frame_compile_time_s=None, start_time_us=20)
     monkeypatch.setattr("torch._dynamo.utils.get_compilation_metrics", lambda: [old, new])
-    assert engine._frames_since(10) == [{"frame": "forward at m.py:3", "seconds": 0.0,
+    assert compile_pass.frames_since(10) == [{"frame": "forward at m.py:3", "seconds": 0.0,
                                          "recompile_reason": ""}]
     monkeypatch.setattr("torch._dynamo.utils.get_compilation_metrics",
                         lambda: (_ for _ in ()).throw(AttributeError("no metrics")))
-    assert engine._frames_since(10) == []
+    assert compile_pass.frames_since(10) == []
 
 
 def test_prepare_log_says_how_many_graphs_a_reused_entry_compiled(wan, wan_inputs, pack_log):

@@ -17,7 +17,7 @@ import torch
 
 from compile_core.run import engine
 from compile_core.plan import fingerprint
-from compile_core.torch_support import torch_compat
+from compile_core.torch_support import aot
 from compile_core.cache.registry import REGISTRY
 from compile_core.plan.settings import CompileSettings, build_compile_args
 
@@ -101,7 +101,7 @@ def test_dropped_models_free_their_weights_after_a_recompile(wan, graph_count):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not torch_compat.load_compiled_function(),
+@pytest.mark.skipif(not aot.load_compiled_function(),
                     reason="this torch cannot save and load a compiled function: no saved-region path")
 def test_models_on_the_saved_region_path_are_freed_too(tmp_path, monkeypatch):
     """The saved-region path (torch's AOT functions, our guard checks, the persistent cache):
@@ -166,7 +166,7 @@ def test_a_waiting_background_compile_of_a_dropped_model_is_dropped(wan, pack_lo
     cm = engine.prepare(model, settings(background_compile=True))
     with torch.no_grad(), cm.sampling_run():
         cm.run(model, lambda: model(x, t), CPU)
-    job = cm._job
+    job = cm.background.job
     assert job is not None and job.yields and not job.started.is_set()  # waiting for the server
     refs = [weakref.ref(model), weakref.ref(model.blocks[0].qkv.weight), weakref.ref(cm)]
     del model, cm

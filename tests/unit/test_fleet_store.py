@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from redis_server import RedisServer, free_port  # noqa: E402
 
-from compile_core.cache import fleet  # noqa: E402
+from compile_core.cache import fleet, fleet_entries, fleet_stores  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -33,7 +33,7 @@ def tar_with(member: tarfile.TarInfo, data: bytes = b"x") -> bytes:
 
 def test_pack_unpack_roundtrip(tmp_path):
     src = make_cache_dir(tmp_path / "src")
-    n = fleet.unpack_into(fleet.pack_dir(src), tmp_path / "dst")
+    n = fleet_entries.unpack_into(fleet_entries.pack_dir(src), tmp_path / "dst")
     assert n == 2
     assert (tmp_path / "dst" / "fx" / "ab" / "entry").read_bytes() == b"graph" * 100
     assert (tmp_path / "dst" / "kernel.so").read_bytes().startswith(b"\x7fELF")
@@ -42,8 +42,8 @@ def test_pack_unpack_roundtrip(tmp_path):
 @pytest.mark.parametrize("name", ["../escape.txt", "/tmp/tcs_abs_escape.txt", "a/../../escape.txt"])
 def test_unpack_rejects_escaping_members(tmp_path, name):
     data = tar_with(tarfile.TarInfo(name))
-    with pytest.raises(fleet.FleetError, match="unsafe"):
-        fleet.unpack_into(data, tmp_path / "dst")
+    with pytest.raises(fleet_entries.FleetError, match="unsafe"):
+        fleet_entries.unpack_into(data, tmp_path / "dst")
     assert not (tmp_path / "escape.txt").exists() and not Path("/tmp/tcs_abs_escape.txt").exists()
     assert not (tmp_path / "dst").exists()  # nothing extracted at all
 
@@ -52,31 +52,31 @@ def test_unpack_rejects_escaping_members(tmp_path, name):
 def test_unpack_rejects_links(tmp_path, kind):
     info = tarfile.TarInfo("link")
     info.type, info.linkname = kind, "/etc/passwd"
-    with pytest.raises(fleet.FleetError, match="link or special"):
-        fleet.unpack_into(tar_with(info), tmp_path / "dst")
+    with pytest.raises(fleet_entries.FleetError, match="link or special"):
+        fleet_entries.unpack_into(tar_with(info), tmp_path / "dst")
 
 
 def test_seal_detects_corruption_truncation_and_incompatibility():
-    ident = fleet.artifact_identity(CPU)
-    blob = fleet.seal("k1", ident, b"payload" * 10)
-    assert fleet.unseal(blob, "k1", ident) == b"payload" * 10
-    with pytest.raises(fleet.FleetError, match="SHA-256"):
-        fleet.unseal(blob[:-1] + b"X", "k1", ident)
-    with pytest.raises(fleet.FleetError, match="SHA-256"):
-        fleet.unseal(blob[:-5], "k1", ident)
-    with pytest.raises(fleet.FleetError, match="incompatible"):
-        fleet.unseal(blob, "k1", {**ident, "torch": "0.0.1"})
-    with pytest.raises(fleet.FleetError, match="incompatible"):
-        fleet.unseal(blob, "other-key", ident)
-    with pytest.raises(fleet.FleetError, match="not a TorchCompileSpeed"):
-        fleet.unseal(b"garbage", "k1", ident)
+    ident = fleet_entries.artifact_identity(CPU)
+    blob = fleet_entries.seal("k1", ident, b"payload" * 10)
+    assert fleet_entries.unseal(blob, "k1", ident) == b"payload" * 10
+    with pytest.raises(fleet_entries.FleetError, match="SHA-256"):
+        fleet_entries.unseal(blob[:-1] + b"X", "k1", ident)
+    with pytest.raises(fleet_entries.FleetError, match="SHA-256"):
+        fleet_entries.unseal(blob[:-5], "k1", ident)
+    with pytest.raises(fleet_entries.FleetError, match="incompatible"):
+        fleet_entries.unseal(blob, "k1", {**ident, "torch": "0.0.1"})
+    with pytest.raises(fleet_entries.FleetError, match="incompatible"):
+        fleet_entries.unseal(blob, "other-key", ident)
+    with pytest.raises(fleet_entries.FleetError, match="not a TorchCompileSpeed"):
+        fleet_entries.unseal(b"garbage", "k1", ident)
 
 
 def test_artifact_key_depends_on_fingerprint_and_identity(monkeypatch):
-    a = fleet.artifact_key("fp1", CPU)
-    assert a == fleet.artifact_key("fp1", CPU) and a != fleet.artifact_key("fp2", CPU)
+    a = fleet_entries.artifact_key("fp1", CPU)
+    assert a == fleet_entries.artifact_key("fp1", CPU) and a != fleet_entries.artifact_key("fp2", CPU)
     monkeypatch.setattr(torch, "__version__", "9.9.9")
-    assert fleet.artifact_key("fp1", CPU) != a
+    assert fleet_entries.artifact_key("fp1", CPU) != a
 
 
 def test_triton_version_is_found_under_each_distribution_name(monkeypatch):
@@ -88,15 +88,15 @@ def test_triton_version_is_found_under_each_distribution_name(monkeypatch):
             raise md.PackageNotFoundError(dist)
         return installed[dist]
     monkeypatch.setattr(md, "version", version)
-    assert fleet._triton_version() == "none"
+    assert fleet_entries._triton_version() == "none"
     installed["pytorch-triton"] = "3.5.0+git1234"  # a nightly torch's Triton
-    assert fleet._triton_version() == "pytorch-triton==3.5.0+git1234"
+    assert fleet_entries._triton_version() == "pytorch-triton==3.5.0+git1234"
     installed["triton"] = "3.5.0"
-    assert fleet._triton_version() == "triton==3.5.0"
+    assert fleet_entries._triton_version() == "triton==3.5.0"
 
 
 def test_dir_store_publish_then_fetch(tmp_path):
-    f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
+    f = fleet.Fleet(fleet_stores.DirStore(tmp_path / "shared"))
     src = make_cache_dir(tmp_path / "w1")
     assert f.publish_from("fpX", CPU, src)
     assert f.fetch_into("fpX", CPU, tmp_path / "w2")
@@ -109,7 +109,7 @@ def test_dir_store_publish_then_fetch(tmp_path):
 
 
 def test_prewarm_manifest_is_shared_sealed(tmp_path):
-    f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
+    f = fleet.Fleet(fleet_stores.DirStore(tmp_path / "shared"))
     assert f.fetch_manifest() is None  # nothing published yet
     manifest = {"modules": ["torch._inductor.compile_fx"], "files": ["/x.py"], "cpu": True}
     assert f.publish_manifest(manifest)
@@ -121,7 +121,7 @@ def test_prewarm_manifest_is_shared_sealed(tmp_path):
 
 def test_prefetch_fills_the_local_cache_once(tmp_path):
     from compile_core.cache.persist import PersistentCache
-    f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
+    f = fleet.Fleet(fleet_stores.DirStore(tmp_path / "shared"))
     fp = "ab" * 12
     assert f.publish_from(fp, CPU, make_cache_dir(tmp_path / "w1"))
     local = PersistentCache(tmp_path / "w2")
@@ -131,7 +131,7 @@ def test_prefetch_fills_the_local_cache_once(tmp_path):
 
 
 def test_size_limit(tmp_path):
-    f = fleet.Fleet(fleet.DirStore(tmp_path / "shared"), max_bytes=10)
+    f = fleet.Fleet(fleet_stores.DirStore(tmp_path / "shared"), max_bytes=10)
     assert not f.publish_from("fpX", CPU, make_cache_dir(tmp_path / "w1"))
     assert not list(tmp_path.glob("shared/*.tcs"))
 
@@ -139,15 +139,15 @@ def test_size_limit(tmp_path):
 def test_redis_store_roundtrip_and_expiry(tmp_path):
     server = RedisServer(tmp_path)
     try:
-        store = fleet.RedisStore(server.url, timeout_s=2, ttl_s=3600)
+        store = fleet_stores.RedisStore(server.url, timeout_s=2, ttl_s=3600)
         f = fleet.Fleet(store)
         assert f.publish_from("fpR", CPU, make_cache_dir(tmp_path / "w1"))
         keys = server.client.keys("tcs:compile:*")
         assert len(keys) == 1 and 0 < server.client.ttl(keys[0]) <= 3600
         assert f.fetch_into("fpR", CPU, tmp_path / "w2")
         # an escaping archive sealed with a valid hash is still refused
-        key = fleet.artifact_key("fpR", CPU)
-        evil = fleet.seal(key, fleet.artifact_identity(CPU), tar_with(tarfile.TarInfo("../../evil")))
+        key = fleet_entries.artifact_key("fpR", CPU)
+        evil = fleet_entries.seal(key, fleet_entries.artifact_identity(CPU), tar_with(tarfile.TarInfo("../../evil")))
         server.client.set(keys[0], evil)
         assert not f.fetch_into("fpR", CPU, tmp_path / "w3" / "inner")
         assert not (tmp_path / "evil").exists()
@@ -156,14 +156,14 @@ def test_redis_store_roundtrip_and_expiry(tmp_path):
 
 
 def test_redis_down_costs_a_bounded_timeout():
-    store = fleet.RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=1, ttl_s=60)
+    store = fleet_stores.RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=1, ttl_s=60)
     start = time.perf_counter()
     assert not fleet.Fleet(store).fetch_into("fpD", CPU, Path("/nonexistent/never"))
     assert time.perf_counter() - start < 5
 
 
 def test_no_store_configured(monkeypatch):
-    monkeypatch.delenv(fleet.STORE_ENV, raising=False)
+    monkeypatch.delenv(fleet_stores.STORE_ENV, raising=False)
     assert fleet.Fleet.from_env() is None
 
 
@@ -191,7 +191,7 @@ def fresh_warnings(monkeypatch, caplog):
 
 @pytest.fixture
 def no_fleet_env(monkeypatch):
-    for name in (fleet.STORE_ENV, fleet.MAX_MB_ENV, fleet.TTL_ENV, fleet.TIMEOUT_ENV, KEY_ENV):
+    for name in (fleet_stores.STORE_ENV, fleet.MAX_MB_ENV, fleet_stores.TTL_ENV, fleet_stores.TIMEOUT_ENV, KEY_ENV):
         monkeypatch.delenv(name, raising=False)
     fleet._fleet_for.cache_clear()
     yield monkeypatch
@@ -204,14 +204,14 @@ def keyed(tmp_path, key, monkeypatch):
         monkeypatch.delenv(KEY_ENV, raising=False)
     else:
         monkeypatch.setenv(KEY_ENV, key)
-    return fleet.Fleet(fleet.DirStore(tmp_path / "shared"))
+    return fleet.Fleet(fleet_stores.DirStore(tmp_path / "shared"))
 
 
 def test_signed_entries_load_with_the_same_key(tmp_path, no_fleet_env, fresh_warnings):
     w1 = keyed(tmp_path, "s3cret", no_fleet_env)
     assert w1.publish_from("fpK", CPU, make_cache_dir(tmp_path / "w1"))
     blob = next((tmp_path / "shared").glob("*.tcs")).read_bytes()
-    assert not blob.startswith(fleet.MAGIC)  # signed, not a bare sealed entry
+    assert not blob.startswith(fleet_entries.MAGIC)  # signed, not a bare sealed entry
     w2 = keyed(tmp_path, "s3cret", no_fleet_env)
     assert w2.fetch_into("fpK", CPU, tmp_path / "w2")
     assert (tmp_path / "w2" / "kernel.so").exists()
@@ -237,13 +237,13 @@ def test_a_forged_entry_with_a_valid_sha256_is_refused(tmp_path, no_fleet_env, f
     worker = keyed(tmp_path, "s3cret", no_fleet_env)
     assert worker.publish_from("fpK", CPU, make_cache_dir(tmp_path / "w1"))
     entry = next((tmp_path / "shared").glob("*.tcs"))
-    key = fleet.artifact_key("fpK", CPU)
-    evil_payload = fleet.pack_dir(make_cache_dir(tmp_path / "evil"))
-    sealed = fleet.seal(key, fleet.artifact_identity(CPU), evil_payload)
+    key = fleet_entries.artifact_key("fpK", CPU)
+    evil_payload = fleet_entries.pack_dir(make_cache_dir(tmp_path / "evil"))
+    sealed = fleet_entries.seal(key, fleet_entries.artifact_identity(CPU), evil_payload)
     signed = entry.read_bytes()
-    mac = signed[len(fleet.SIGNED_MAGIC):].split(b"\n", 1)[0]
-    for forged in (sealed, fleet.SIGNED_MAGIC + mac + b"\n" + sealed,  # old MAC, new content
-                   fleet.sign(sealed, b"guessed")):
+    mac = signed[len(fleet_entries.SIGNED_MAGIC):].split(b"\n", 1)[0]
+    for forged in (sealed, fleet_entries.SIGNED_MAGIC + mac + b"\n" + sealed,  # old MAC, new content
+                   fleet_entries.sign(sealed, b"guessed")):
         entry.write_bytes(forged)
         assert not worker.fetch_into("fpK", CPU, tmp_path / "dst")
         assert not (tmp_path / "dst").exists()
@@ -257,7 +257,7 @@ def test_without_a_key_entries_are_trusted_unsigned_and_that_is_said_once(tmp_pa
     assert plain.secret is None
     assert plain.publish_from("fpP", CPU, make_cache_dir(tmp_path / "w1"))
     entry = next((tmp_path / "shared").glob("*.tcs"))
-    assert entry.read_bytes().startswith(fleet.MAGIC)  # unsigned: the sealed entry as it is
+    assert entry.read_bytes().startswith(fleet_entries.MAGIC)  # unsigned: the sealed entry as it is
     assert keyed(tmp_path, None, no_fleet_env).fetch_into("fpP", CPU, tmp_path / "w2")
     warnings = fresh_warnings()
     assert len(warnings) == 1 and "trusted unsigned" in warnings[0], warnings
@@ -266,7 +266,7 @@ def test_without_a_key_entries_are_trusted_unsigned_and_that_is_said_once(tmp_pa
 
 def test_the_require_signed_switch_keeps_a_worker_without_the_key_off_the_store(tmp_path, no_fleet_env,
                                                                              fresh_warnings):
-    no_fleet_env.setenv(fleet.STORE_ENV, str(tmp_path / "shared"))
+    no_fleet_env.setenv(fleet_stores.STORE_ENV, str(tmp_path / "shared"))
     no_fleet_env.setenv(fleet.REQUIRE_SIGNED_ENV, "1")
     assert fleet.Fleet.from_env() is None
     warnings = fresh_warnings()
@@ -279,8 +279,8 @@ def test_a_redis_password_never_reaches_the_log(tmp_path, no_fleet_env, fresh_wa
     pytest.importorskip("redis")
     tcs_log._said.discard("fleet-unsigned")  # (its notice names the store too)
     url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"  # (nothing listens there: a store that is down)
-    no_fleet_env.setenv(fleet.STORE_ENV, url)
-    no_fleet_env.setenv(fleet.TIMEOUT_ENV, "0.2")
+    no_fleet_env.setenv(fleet_stores.STORE_ENV, url)
+    no_fleet_env.setenv(fleet_stores.TIMEOUT_ENV, "0.2")
     shared = fleet.Fleet.from_env()
     assert "hunter2" not in shared.store.describe() and "127.0.0.1" in shared.store.describe()
     assert not shared.fetch_into("fpR", CPU, tmp_path / "dst")
@@ -309,7 +309,7 @@ def test_prewarm_manifest_is_signed_and_verified(tmp_path, no_fleet_env, fresh_w
 
 
 def test_from_env_fleet_uses_the_key(tmp_path, no_fleet_env):
-    no_fleet_env.setenv(fleet.STORE_ENV, str(tmp_path / "shared"))
+    no_fleet_env.setenv(fleet_stores.STORE_ENV, str(tmp_path / "shared"))
     no_fleet_env.setenv(KEY_ENV, "  s3cret\n")  # as read from a file: surrounding space ignored
     f = fleet.Fleet.from_env()
     assert f is not None and f.secret == b"s3cret"
@@ -322,24 +322,24 @@ def test_from_env_fleet_uses_the_key(tmp_path, no_fleet_env):
 @pytest.mark.parametrize("name,value", [(fleet.MAX_MB_ENV, "lots"), (fleet.MAX_MB_ENV, "-5"),
                                         (fleet.MAX_MB_ENV, "nan")])
 def test_bad_max_mb_falls_back_with_one_warning(tmp_path, no_fleet_env, fresh_warnings, name, value):
-    no_fleet_env.setenv(fleet.STORE_ENV, str(tmp_path / "shared"))
+    no_fleet_env.setenv(fleet_stores.STORE_ENV, str(tmp_path / "shared"))
     no_fleet_env.setenv(name, value)
     f = fleet.Fleet.from_env()  # must not raise at start-up
     assert f is not None and f.max_bytes == 2048 * 1024 ** 2
-    fleet.Fleet(fleet.DirStore(tmp_path / "shared"))  # a second fleet: no second warning
+    fleet.Fleet(fleet_stores.DirStore(tmp_path / "shared"))  # a second fleet: no second warning
     warnings = fresh_warnings()
     assert len(warnings) == 1 and name in warnings[0] and repr(value) in warnings[0], warnings
 
 
-@pytest.mark.parametrize("name,value", [(fleet.TIMEOUT_ENV, "fast"), (fleet.TTL_ENV, "a week"),
-                                        (fleet.TIMEOUT_ENV, "0"), (fleet.TTL_ENV, "inf")])
+@pytest.mark.parametrize("name,value", [(fleet_stores.TIMEOUT_ENV, "fast"), (fleet_stores.TTL_ENV, "a week"),
+                                        (fleet_stores.TIMEOUT_ENV, "0"), (fleet_stores.TTL_ENV, "inf")])
 def test_bad_redis_timeout_or_ttl_falls_back_with_one_warning(no_fleet_env, fresh_warnings,
                                                               name, value):
     pytest.importorskip("redis")
-    no_fleet_env.setenv(fleet.STORE_ENV, f"redis://127.0.0.1:{free_port()}/0")
+    no_fleet_env.setenv(fleet_stores.STORE_ENV, f"redis://127.0.0.1:{free_port()}/0")
     no_fleet_env.setenv(name, value)
     f = fleet.Fleet.from_env()  # must not raise, nor give up on the store
-    assert f is not None and isinstance(f.store, fleet.RedisStore)
+    assert f is not None and isinstance(f.store, fleet_stores.RedisStore)
     kwargs = f.store.client.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == 3.0 and f.store.ttl_s == 7 * 24 * 3600
     warnings = fresh_warnings()
@@ -348,9 +348,9 @@ def test_bad_redis_timeout_or_ttl_falls_back_with_one_warning(no_fleet_env, fres
 
 def test_good_numbers_are_used(no_fleet_env, fresh_warnings):
     pytest.importorskip("redis")
-    no_fleet_env.setenv(fleet.STORE_ENV, f"redis://127.0.0.1:{free_port()}/0")
-    no_fleet_env.setenv(fleet.TIMEOUT_ENV, "0.5")
-    no_fleet_env.setenv(fleet.TTL_ENV, "60")
+    no_fleet_env.setenv(fleet_stores.STORE_ENV, f"redis://127.0.0.1:{free_port()}/0")
+    no_fleet_env.setenv(fleet_stores.TIMEOUT_ENV, "0.5")
+    no_fleet_env.setenv(fleet_stores.TTL_ENV, "60")
     no_fleet_env.setenv(fleet.MAX_MB_ENV, "1.5")
     f = fleet.Fleet.from_env()
     assert f.store.client.connection_pool.connection_kwargs["socket_timeout"] == 0.5
@@ -401,10 +401,10 @@ def test_a_server_that_accepts_and_never_answers_costs_a_bounded_timeout(
         tmp_path, silent_server, no_fleet_env, fresh_warnings):
     pytest.importorskip("redis")
     timeout = 1.0
-    no_fleet_env.setenv(fleet.STORE_ENV, f"redis://127.0.0.1:{silent_server.port}/0")
-    no_fleet_env.setenv(fleet.TIMEOUT_ENV, str(timeout))
+    no_fleet_env.setenv(fleet_stores.STORE_ENV, f"redis://127.0.0.1:{silent_server.port}/0")
+    no_fleet_env.setenv(fleet_stores.TIMEOUT_ENV, str(timeout))
     f = fleet.Fleet.from_env()
-    assert f is not None and isinstance(f.store, fleet.RedisStore)
+    assert f is not None and isinstance(f.store, fleet_stores.RedisStore)
     calls = [lambda: f.fetch_into("fpS", CPU, tmp_path / "dst"),
              lambda: f.fetch_into("fpS2", CPU, tmp_path / "dst2"),
              lambda: f.publish_from("fpS", CPU, make_cache_dir(tmp_path / "w1")),

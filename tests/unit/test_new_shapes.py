@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from compile_core.run import new_shapes
-from compile_core.torch_support import torch_compat
+from compile_core.torch_support import guards
 
-pytestmark = pytest.mark.skipif(not torch_compat.guard_check(),
+pytestmark = pytest.mark.skipif(not guards.guard_check(),
                                 reason="this torch's cache entries do not say their backend")
 
 
@@ -42,15 +42,15 @@ def test_cached_graph_accepts_answers_as_dynamos_guards(graph_count):
     a, b = cls(), cls()
     x = torch.randn(2, 4)
     c = torch.compile(nn.Module._call_impl, backend="eager", dynamic=False)
-    assert torch_compat.cached_graph_accepts(c, a, (x,), {}) is None  # nothing compiled yet
+    assert guards.cached_graph_accepts(c, a, (x,), {}) is None  # nothing compiled yet
     dynamic = _compiled_once(a, torch.randn(7, 4), dynamic=True)  # another compiled function
-    assert torch_compat.cached_graph_accepts(c, a, (x,), {}) is None  # its graphs are not c's
+    assert guards.cached_graph_accepts(c, a, (x,), {}) is None  # its graphs are not c's
     c(a, x)
-    accepts = functools.partial(torch_compat.cached_graph_accepts, c)
+    accepts = functools.partial(guards.cached_graph_accepts, c)
     assert accepts(a, (x,), {}) is True
     assert accepts(b, (torch.randn(2, 4),), {"scale": 1.0}) is True
     assert accepts(a, (torch.randn(3, 4),), {}) is False  # only the dynamic graph would take it
-    assert torch_compat.cached_graph_accepts(dynamic, a, (torch.randn(3, 4),), {}) is True
+    assert guards.cached_graph_accepts(dynamic, a, (torch.randn(3, 4),), {}) is True
     assert accepts(a, (x,), {"scale": 2.0}) is False  # a guarded float
     assert accepts(a, (x, 1.0, "extra"), {}) is None  # does not bind
 
@@ -77,7 +77,7 @@ def test_two_compiles_with_the_same_settings_share_their_graphs_as_dynamo_does(g
     block, x = cls(), torch.randn(2, 4)
     _compiled_once(block, x)
     again = torch.compile(nn.Module._call_impl, backend="eager", dynamic=False)
-    assert torch_compat.cached_graph_accepts(again, block, (x,), {}) is True
+    assert guards.cached_graph_accepts(again, block, (x,), {}) is True
     g0 = graph_count()
     again(block, x)
     assert graph_count() == g0  # dynamo agrees: no compile

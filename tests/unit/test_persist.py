@@ -345,7 +345,7 @@ def test_precompiled_headers_are_kept_with_the_cache_and_seeded_from_torchs(tmp_
     """The header folder lives in the cache root (not counted as an entry); headers torch built
     earlier in its own folder are linked in once, and a half-written one (too new) is not."""
     from compile_core.cache import persist
-    from compile_core.torch_support import torch_compat
+    from compile_core.torch_support import hooks
     theirs = tmp_path / "torch_pch"
     theirs.mkdir()
     (theirs / "abc.h").write_text("#include <x>\n")
@@ -353,7 +353,7 @@ def test_precompiled_headers_are_kept_with_the_cache_and_seeded_from_torchs(tmp_
     old = time.time() - 3600
     for p in theirs.iterdir():
         os.utime(p, (old, old))
-    monkeypatch.setattr(torch_compat, "precompiled_header_dir_now", lambda: str(theirs))
+    monkeypatch.setattr(hooks, "precompiled_header_dir_now", lambda: str(theirs))
     cache = PersistentCache(tmp_path / "cache", max_bytes=MB)
     ours = Path(cache.header_dir())
     assert ours == tmp_path / "cache" / ".pch"
@@ -362,6 +362,6 @@ def test_precompiled_headers_are_kept_with_the_cache_and_seeded_from_torchs(tmp_
     fresh = tmp_path / "young"
     fresh.mkdir()
     (fresh / "new.h.gch").write_bytes(b"half")
-    monkeypatch.setattr(torch_compat, "precompiled_header_dir_now", lambda: str(fresh))
+    monkeypatch.setattr(hooks, "precompiled_header_dir_now", lambda: str(fresh))
     other = PersistentCache(tmp_path / "other", max_bytes=MB)
     assert not list(Path(other.header_dir()).glob("*.gch"))

@@ -22,15 +22,15 @@ from torch import nn
 
 import tcs_precompiled_model as tiny
 from compile_core.run import engine
-from compile_core.cache import precompiled, saved_guards
-from compile_core.torch_support import torch_compat
+from compile_core.cache import guard_names, guard_pickling, precompiled, saved_guards, saved_region
+from compile_core.torch_support import aot, torch_compat
 from compile_core.cache.persist import PersistentCache
 from compile_core.plan.settings import CompileSettings, build_compile_args
 
 # Saved regions need torch's AOT save/load round trip (torch 2.13+ here; off on 2.8/2.9, see
-# compile_core/torch_support/torch_compat.py and the torch table in docs/how-it-works.md): without it this
+# compile_core/torch_support/aot.py and the torch table in docs/how-it-works.md): without it this
 # path never runs.
-pytestmark = pytest.mark.skipif(not torch_compat.load_compiled_function(),
+pytestmark = pytest.mark.skipif(not aot.load_compiled_function(),
                                 reason="this torch cannot save and load a compiled function")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,12 +112,12 @@ def test_a_saved_regions_bin_and_json_are_bound_by_digest(tmp_path):
     e = model.time(t[:, None])[:, None, :]
     h = model.embed(x)
     with torch.no_grad():
-        region = precompiled.capture(block, (h, e), {"transformer_options": {}}, {"backend": "inductor"})
-    precompiled.save(region, tmp_path, "a")
-    assert precompiled.load(tmp_path, "a")[0] is not None
+        region = saved_region.capture(block, (h, e), {"transformer_options": {}}, {"backend": "inductor"})
+    saved_region.save(region, tmp_path, "a")
+    assert saved_region.load(tmp_path, "a")[0] is not None
     data = (tmp_path / "a.bin").read_bytes()
     (tmp_path / "a.bin").write_bytes(data + b"\0")
-    back, why = precompiled.load(tmp_path, "a")
+    back, why = saved_region.load(tmp_path, "a")
     assert back is None and "not the one its .json was written for" in why
 
 
@@ -210,13 +210,13 @@ def test_a_trace_after_the_first_compile_still_runs_in_the_run_scope(tmp_path, m
     variant traced later (here for a new attention override) still gets the run's knobs and
     its cache folder, as the first one did, and the output follows eager."""
     import torch._dynamo.config as dynamo_config
-    seen, real = [], precompiled.capture
+    seen, real = [], saved_region.capture
 
     def recording(*args, **kwargs):
         seen.append((os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""),
                      getattr(dynamo_config, torch_compat.recompile_limit_knob())))
         return real(*args, **kwargs)
-    monkeypatch.setattr(precompiled, "capture", recording)
+    monkeypatch.setattr(saved_region, "capture", recording)
     model, settings = tiny.build(), _settings()
     x, t = tiny.inputs(1, 6)
     outside = getattr(dynamo_config, torch_compat.recompile_limit_knob())
@@ -345,8 +345,8 @@ def test_a_call_takes_checked_ahead_runs_its_guards_once(tmp_path):
     fast, block, fake = precompiled.Precompiled(tmp_path, {}), tiny.build().blocks[0], CountingRegion()
     fast.begin_run([block], torch.device("cpu"))
     key = fast._keys[id(block)]
-    fast.regions[key] = [precompiled._Region(fake, precompiled.GlobalChecks.capture([], {}),
-                                             precompiled.LocalChecks([], []))]
+    fast.regions[key] = [saved_region._Region(fake, saved_guards.GlobalChecks.capture([], {}),
+                                             saved_guards.LocalChecks([], []))]
     args, kwargs = (torch.randn(2, 4, 32),), {}
 
     def regular(*a, **k):
@@ -367,7 +367,7 @@ def test_the_direct_guard_check_answers_as_torchs_guard_check(tmp_path):
     block = tiny.build().blocks[0]
     x, emb = torch.randn(1, 6, 32), torch.randn(1, 1, 32)
     with torch.no_grad():  # (grad mode is guarded too)
-        region = precompiled.capture(block, (x, emb), {"transformer_options": {}}, _settings().compile_kwargs())
+        region = saved_region.capture(block, (x, emb), {"transformer_options": {}}, _settings().compile_kwargs())
         _same_answers(region, block, x, emb)
     with torch.enable_grad():
         _same_answers(region, block, x, emb, grad=True)
@@ -397,9 +397,9 @@ def _same_answers(region, block, x, emb, grad=False):
 def test_a_direct_guard_check_that_disagrees_is_not_used(monkeypatch, pack_log):
     """FAKE direct check that rejects what torch's ``guard_check`` accepts (a torch whose
     guards read more than the call): the region keeps ``guard_check``, and says so once."""
-    monkeypatch.setattr(precompiled, "guard_checker", lambda fn: lambda m, a, k: False)
+    monkeypatch.setattr(saved_region, "guard_checker", lambda fn: lambda m, a, k: False)
     fake = CountingRegion()
-    region = precompiled._Region(fake, precompiled.GlobalChecks.capture([], {}), precompiled.LocalChecks([], []))
+    region = saved_region._Region(fake, saved_guards.GlobalChecks.capture([], {}), saved_guards.LocalChecks([], []))
     block, args = tiny.build().blocks[0], (torch.randn(1, 6, 32),)
     assert region.accepts(block, args, {}) and region.accepts(block, args, {})
     assert region.guards == region._guard_check and fake.checks == 2
@@ -426,8 +426,8 @@ def test_the_saved_regions_enter_the_run_scope_only_where_it_is_needed(tmp_path)
     args, kwargs = (torch.randn(2, 4, 32),), {}
     key = fast._keys[id(blocks[0])]
     assert fast.takes(blocks[0], args, kwargs) is False and scope.entered == 1  # looked for saved files
-    fast.regions[key] = [precompiled._Region(fake, precompiled.GlobalChecks.capture([], {}),
-                                             precompiled.LocalChecks([], []))]
+    fast.regions[key] = [saved_region._Region(fake, saved_guards.GlobalChecks.capture([], {}),
+                                             saved_guards.LocalChecks([], []))]
 
     def regular(module, *a, **k):
         assert scope.entered == entered_before + 1, "the regular path runs inside the scope"
@@ -526,17 +526,17 @@ def test_global_checks_notice_a_replaced_function_a_grown_dict_and_a_new_constan
 @pytest.mark.parametrize("name", ["__import__('os').system('true')", "G['x'].a; import os",
                                   "G['x'](1)", "G[x]", "G['x'].__class__ if 1 else 0", "G['x']['a' + 'b']"])
 def test_guard_names_from_a_file_are_walked_never_evaluated(name, tmp_path):
-    assert saved_guards.parse(name) is None
+    assert guard_names.parse(name) is None
     assert "unexpected guard name" in saved_guards.GlobalChecks([name], ["x"]).matches_now({})
 
 
 def test_guard_names_dynamo_writes_are_understood():
-    assert saved_guards.parse("G['__builtins_dict___0']['len']") == (
+    assert guard_names.parse("G['__builtins_dict___0']['len']") == (
         "__builtins_dict___0", [("item", "len")])
-    assert saved_guards.parse("G['torch'].nn.functional") == ("torch", [("attr", "nn"), ("attr", "functional")])
-    assert saved_guards.parse("G['hooks'][0].fn") == ("hooks", [("item", 0), ("attr", "fn")])
-    assert saved_guards.resolve(saved_guards.parse("G['__builtins_dict___0']['len']"), {}) is len
-    assert saved_guards.resolve(saved_guards.parse("G['torch'].nn.functional"), {}) is torch.nn.functional
+    assert guard_names.parse("G['torch'].nn.functional") == ("torch", [("attr", "nn"), ("attr", "functional")])
+    assert guard_names.parse("G['hooks'][0].fn") == ("hooks", [("item", 0), ("attr", "fn")])
+    assert guard_names.resolve(guard_names.parse("G['__builtins_dict___0']['len']"), {}) is len
+    assert guard_names.resolve(guard_names.parse("G['torch'].nn.functional"), {}) is torch.nn.functional
 
 
 def test_another_packs_module_in_a_guard_name_resolves(monkeypatch):
@@ -547,7 +547,7 @@ def test_another_packs_module_in_a_guard_name_resolves(monkeypatch):
     mod.dequantize = lambda t: t
     monkeypatch.setitem(sys.modules, "ComfyUI-GGUF.dequant", mod)
     name = "G['__import_ComfyUI-GGUF_dot_dequant'].dequantize"
-    assert saved_guards.parse(name) == ("__import_ComfyUI-GGUF_dot_dequant", [("attr", "dequantize")])
+    assert guard_names.parse(name) == ("__import_ComfyUI-GGUF_dot_dequant", [("attr", "dequantize")])
     checks = saved_guards.GlobalChecks.capture([name], {})
     assert checks.changed() == "" and checks.described[0].startswith("function ")
     monkeypatch.setattr(mod, "dequantize", lambda t: t * 2)
@@ -556,24 +556,24 @@ def test_another_packs_module_in_a_guard_name_resolves(monkeypatch):
 
 def test_load_refuses_another_torch_or_region_and_never_raises(tmp_path):
     d = tmp_path / precompiled.DIRNAME
-    assert precompiled.load(d, "Block-0") == (None, "")  # nothing saved
+    assert saved_region.load(d, "Block-0") == (None, "")  # nothing saved
     d.mkdir()
     (d / "Block-0.bin").write_bytes(b"x")
     (d / "Block-0.json").write_text(json.dumps({"region": "Block-0", "torch": "0.0.1"}))
-    region, why = precompiled.load(d, "Block-0")
+    region, why = saved_region.load(d, "Block-0")
     assert region is None and "another region or torch" in why
     (d / "Block-0.json").write_text(json.dumps({"region": "Block-0", "torch": torch.__version__}))
-    region, why = precompiled.load(d, "Block-0")
+    region, why = saved_region.load(d, "Block-0")
     assert region is None and "not the one its .json was written for" in why
     bound = {"region": "Block-0", "torch": torch.__version__, "bin_sha256": hashlib.sha256(b"x").hexdigest()}
     (d / "Block-0.json").write_text(json.dumps(bound))
-    region, why = precompiled.load(d, "Block-0")
+    region, why = saved_region.load(d, "Block-0")
     assert region is None and "names no sources" in why
     (d / "Block-0.json").write_text(json.dumps({**bound, "sources": []}))
-    region, why = precompiled.load(d, "Block-0")
+    region, why = saved_region.load(d, "Block-0")
     assert region is None and "torch could not load it" in why
     (d / "Block-0.json").write_text("{not json")
-    assert precompiled.load(d, "Block-0") == (None, "")
+    assert saved_region.load(d, "Block-0") == (None, "")
 
 
 def test_an_enum_member_on_a_weight_is_checked_by_class_and_name():
@@ -604,10 +604,10 @@ def test_a_custom_node_module_named_by_its_path_resolves(monkeypatch):
     key = "/srv/ComfyUI/custom_nodes/ComfyUI-GGUF.dequant"
     monkeypatch.setitem(sys.modules, key, mod)
     name = "G['__import_/srv/ComfyUI/custom_nodes/ComfyUI-GGUF_dot_dequant'].dequantize"
-    assert saved_guards.resolve(saved_guards.parse(name), {}) is len
+    assert guard_names.resolve(guard_names.parse(name), {}) is len
     monkeypatch.setitem(sys.modules, "C:\\ComfyUI\\custom_nodes\\ComfyUI-GGUF.dequant", mod)  # fake Windows
     windows = "G['__import_C:\\\\ComfyUI\\\\custom_nodes\\\\ComfyUI-GGUF_dot_dequant'].dequantize"
-    assert saved_guards.resolve(saved_guards.parse(windows), {}) is len
+    assert guard_names.resolve(guard_names.parse(windows), {}) is len
 
 
 def _unsaved_kinds():
@@ -666,12 +666,12 @@ def test_dynamos_nth_dict_key_step_is_walked_not_evaluated(monkeypatch):
     monkeypatch.setitem(sys.modules, "pack.dequant", mod)
     base = "G['__import_pack_dot_dequant'].table"
     name = f"{base}[list(dict.keys({base}))[1]]"
-    assert saved_guards.resolve(saved_guards.parse(name), {}) is abs
-    assert saved_guards.resolve(saved_guards.parse(f"list(dict.keys({base}))[1]"), {}) == "b"
-    assert saved_guards.parse(f"list(dict.keys({base}))[1]; x") is None
+    assert guard_names.resolve(guard_names.parse(name), {}) is abs
+    assert guard_names.resolve(guard_names.parse(f"list(dict.keys({base}))[1]"), {}) == "b"
+    assert guard_names.parse(f"list(dict.keys({base}))[1]; x") is None
     for bad in (f"{base}[list(dict.keys(G['os']))[1]]", f"{base}[list(dict.keys({base}))[1]]()",
                 f"{base}[list(dict.keys({base}) + [1])[1]]"):
-        assert saved_guards.parse(bad) is None, bad
+        assert guard_names.parse(bad) is None, bad
 
 
 # ------------------------------------------------------ GGUF: a tensor subclass's attributes
@@ -694,9 +694,9 @@ def test_a_quantized_tensor_subclass_region_loads_back_with_all_its_checks(tmp_p
     patch, another ``tensor_shape`` or ``tensor_type``, another ``dequant_dtype`` on the class."""
     model, x = tiny.build_quant(), torch.randn(3, 32)
     torch.set_grad_enabled(False)  # (torch's saved guards pin grad mode; the fixture restores it)
-    region = precompiled.capture(model, (x,), {}, {"backend": "inductor"})
-    precompiled.save(region, tmp_path, "q")
-    back, why = precompiled.load(tmp_path, "q")
+    region = saved_region.capture(model, (x,), {}, {"backend": "inductor"})
+    saved_region.save(region, tmp_path, "q")
+    back, why = saved_region.load(tmp_path, "q")
     assert back is not None and why == "", why
     assert back.accepts(model, (x,), {})
     assert torch.allclose(back.fn.fn(model, x), model(x), rtol=1e-4, atol=1e-5)
@@ -725,7 +725,7 @@ def test_class_constants_are_checked_as_the_class_resolves_them(quant_class_attr
     loader node setting the same value on the subclass passes, another value fails."""
     module = types.SimpleNamespace(_modules={"0": _Sub(torch.zeros(2, 2))})
     name = "dict(type(self._modules['0']).__mro__[1].__dict__)['dequant_dtype']"
-    assert saved_guards.parse_local(name) == ("self", [("attr", "_modules"), ("item", "0"),
+    assert guard_names.parse_local(name) == ("self", [("attr", "_modules"), ("item", "0"),
                                                        ("class_attr", "dequant_dtype")])
     checks = saved_guards.LocalChecks.capture([name], module, (), {})
     fresh = saved_guards.LocalChecks(checks.names, checks.described)
@@ -745,7 +745,7 @@ def test_class_constants_are_checked_as_the_class_resolves_them(quant_class_attr
     "dict(type(self._modules['a']).__mro__[2].__dict__)['cast'].__defaults__[1]",
     "dict(type(self._modules['a']).__mro__[1].__dict__)['f'].__kwdefaults__['bias']"])
 def test_class_constant_names_parse(name):
-    parsed = saved_guards.parse_local(name)
+    parsed = guard_names.parse_local(name)
     assert parsed and parsed[0] == "self" and ("class_attr", name.split("['")[2].split("'")[0]) in parsed[1]
 
 
@@ -754,7 +754,7 @@ def test_class_constant_names_parse(name):
     "dict(type(self._modules['a']).__mro__[1].__dict__)[x]", "dict(type(G['x']).__dict__)['y']",
     "dict(type(self).__mro__[1].__dict__)['x']; import os"])
 def test_class_constant_names_from_a_file_are_walked_never_evaluated(name):
-    assert saved_guards.parse_local(name) is None
+    assert guard_names.parse_local(name) is None
     assert not saved_guards.LocalChecks([name], ["constant None"]).accepts(None, (), {})
 
 
@@ -790,10 +790,10 @@ def test_a_tensor_subclass_is_reduced_with_its_attributes():
     w = tiny.build_quant()[0].weight
     torch_reduction = (GuardsStatePickler._unpickle_tensor, ("args",))
     for plain in (torch.zeros(2), nn.Parameter(torch.zeros(2))):
-        assert saved_guards.reduce_tensor_attributes(plain, torch_reduction) is torch_reduction
+        assert guard_pickling.reduce_tensor_attributes(plain, torch_reduction) is torch_reduction
     missing = (object, ("tensor guard tree",))  # torch's _Missing: not guarded, not rebuilt
-    assert saved_guards.reduce_tensor_attributes(w, missing) is missing
-    fn, (inner, state) = saved_guards.reduce_tensor_attributes(w, torch_reduction)
+    assert guard_pickling.reduce_tensor_attributes(w, missing) is missing
+    fn, (inner, state) = guard_pickling.reduce_tensor_attributes(w, torch_reduction)
     assert fn is _set_obj_state and inner.reduction is torch_reduction
     assert state["tensor_type"] is tiny.Kind.Q8 and state["tensor_shape"] == (32, 32) and state["patches"] == []
 
@@ -804,12 +804,12 @@ QUANT_CHILD = textwrap.dedent("""
     from pathlib import Path
     import torch
     import tcs_precompiled_model as tiny
-    from compile_core.cache import precompiled
+    from compile_core.cache import saved_region
     torch.set_grad_enabled(False)
     model, x, d = tiny.build_quant(), torch.randn(3, 32), Path({dir!r})
     if {save!r}:
-        precompiled.save(precompiled.capture(model, (x,), {{}}, {{"backend": "inductor"}}), d, "q")
-    region, why = precompiled.load(d, "q")
+        saved_region.save(saved_region.capture(model, (x,), {{}}, {{"backend": "inductor"}}), d, "q")
+    region, why = saved_region.load(d, "q")
     ok = region is not None and region.accepts(model, (x,), {{}})
     print("RESULT", ok, why, ok and bool(torch.allclose(region.fn.fn(model, x), model(x), rtol=1e-4, atol=1e-5)))
 """)
@@ -832,7 +832,7 @@ def test_a_quantized_region_loads_in_another_process(tmp_path):
 
 def test_a_tensor_subclass_global_is_bound_by_module_and_name():
     saved = {"__subclass_QuantTensor_1_c1": "tcs_precompiled_model:QuantTensor"}
-    assert saved_guards.bind_subclasses(saved) == {"__subclass_QuantTensor_1_c1": tiny.QuantTensor}
+    assert guard_names.bind_subclasses(saved) == {"__subclass_QuantTensor_1_c1": tiny.QuantTensor}
     for bad in ("tcs_precompiled_model:QuantLinear", "no_such_module:QuantTensor", "tcs_precompiled_model:x"):
         with pytest.raises(Exception):
-            saved_guards.bind_subclasses({"__subclass_x_1_c1": bad})
+            guard_names.bind_subclasses({"__subclass_x_1_c1": bad})

@@ -436,7 +436,7 @@ def test_family_dynamo_knobs_reach_the_run_scope_of_that_family_only():
     model = make_family("M", blocks=lambda: nn.ModuleList(_blk() for _ in range(2)))()
     for family in ("HiDreamImageTransformer2DModel", "NextDiT"):
         cm = engine.prepare(model, settings(), plan=RegionPlan(("blocks.0", "blocks.1"), family))
-        dynamo = {name: value for module, name, value in cm._scope(False)[0].knobs
+        dynamo = {name: value for module, name, value in cm.state.scope(False)[0].knobs
                   if module is torch._dynamo.config}  # (what the scope sets)
         want = FAMILY_DYNAMO_KNOBS.get(family, {"capture_scalar_outputs": None})
         assert all(dynamo.get(k) == v for k, v in want.items()), dynamo

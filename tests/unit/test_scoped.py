@@ -9,6 +9,7 @@ import torch
 import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 
+from compile_core.plan.knobs import knobs_for
 from compile_core.torch_support import scoped
 from compile_core.plan.settings import CompileSettings, build_compile_args
 
@@ -118,7 +119,7 @@ def _speed():
 def test_knobs_for_speed_on_cuda_and_cpu():
     s = _speed()
     assert s.shape_policy == "auto" and s.force_parameter_static_shapes is False
-    cuda, cpu = scoped.knobs_for(s, on_cuda=True), scoped.knobs_for(s, on_cuda=False)
+    cuda, cpu = knobs_for(s, on_cuda=True), knobs_for(s, on_cuda=False)
     # auto marks exactly the latent dims dynamic, so weights stay static under it
     expected_dynamo = {"recompile_limit": 32, "accumulated_recompile_limit": 32,
                        "force_parameter_static_shapes": True}
@@ -131,14 +132,14 @@ def test_knobs_for_default_mode_and_ptx():
     s = CompileSettings.from_args(build_compile_args(
         mode="default", dynamo_cache_size_limit=8, dynamo_recompile_limit=100,
         force_parameter_static_shapes=True, experimental_ptx=True, ptx_fast_math=True))
-    k = scoped.knobs_for(s, on_cuda=True)
+    k = knobs_for(s, on_cuda=True)
     assert k["dynamo"] == {"recompile_limit": 8, "accumulated_recompile_limit": 100,
                            "force_parameter_static_shapes": True}
     assert k["inductor"] == {"use_fast_math": True}
-    assert scoped.knobs_for(s, on_cuda=False)["inductor"] == {}
+    assert knobs_for(s, on_cuda=False)["inductor"] == {}
     no_fast = CompileSettings.from_args(build_compile_args(
         mode="default", experimental_ptx=True, ptx_fast_math=False))
-    assert scoped.knobs_for(no_fast, on_cuda=True)["inductor"] == {}
+    assert knobs_for(no_fast, on_cuda=True)["inductor"] == {}
 
 
 @pytest.mark.parametrize("policy, asked, expected", [
@@ -148,13 +149,13 @@ def test_knobs_for_default_mode_and_ptx():
 def test_force_parameter_static_shapes_per_policy(policy, asked, expected):
     s = CompileSettings.from_args(build_compile_args(
         mode="default", shape_policy=policy, force_parameter_static_shapes=asked))
-    assert scoped.knobs_for(s, on_cuda=False)["dynamo"]["force_parameter_static_shapes"] is expected
+    assert knobs_for(s, on_cuda=False)["dynamo"]["force_parameter_static_shapes"] is expected
 
 
 @pytest.mark.parametrize("policy", ["auto", "static", "dynamic"])
 def test_fx_knobs_only_under_auto(policy):
     s = CompileSettings.from_args(build_compile_args(mode="default", shape_policy=policy))
-    fx = scoped.knobs_for(s, on_cuda=False)["fx"]
+    fx = knobs_for(s, on_cuda=False)["fx"]
     assert bool(fx) is (policy == "auto")
     import torch.fx.experimental._config as fx_config
     assert set(fx) <= set(fx_config.get_config_copy())
@@ -168,7 +169,7 @@ def test_fx_knobs_only_under_auto(policy):
 @pytest.mark.parametrize("on_cuda", [True, False])
 def test_every_knob_the_pack_asks_for_exists_in_this_torch(on_cuda, pack_log):
     s = CompileSettings.from_args(build_compile_args(mode="speed", experimental_ptx=True))
-    k = scoped.knobs_for(s, on_cuda)
+    k = knobs_for(s, on_cuda)
     assert set(k["dynamo"]) <= set(dynamo_config.get_config_copy())
     assert set(k["inductor"]) <= set(inductor_config.get_config_copy())
     with scoped.scoped_state(**k):

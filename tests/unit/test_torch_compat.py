@@ -13,19 +13,19 @@ import pytest
 import torch
 import torch._dynamo.config as dynamo_config
 
-from compile_core.run import engine
+from compile_core.run import compiled_call, engine
 from compile_core.cache import precompiled
-from compile_core.plan import preflight, shapes
-from compile_core.torch_support import scoped, torch_compat as tc
+from compile_core.plan import knobs, preflight, shapes
+from compile_core.torch_support import aot, guards, probing, scoped, torch_compat as tc, weight_fetch
 from compile_core.plan.settings import CompileSettings, build_compile_args
 
 from tcs_engine_helpers import eager, run, settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBES = [tc.compile_works, tc.isolate_recompiles, tc.recompile_limit_kwarg, tc.recompile_limit_knob,
-          tc.mark_unbacked, tc.guard_filter_fn, tc.aot_compile_knobs, tc.load_compiled_function,
-          tc.backed_size_oblivious_safe, tc.nested_compile_region, tc.cache_artifacts,
-          tc.opaque_weight_fetch, tc.guard_check]
+          tc.mark_unbacked, tc.guard_filter_fn, aot.aot_compile_knobs, aot.load_compiled_function,
+          tc.backed_size_oblivious_safe, tc.nested_compile_region, aot.cache_artifacts,
+          weight_fetch.opaque_weight_fetch, guards.guard_check]
 
 
 # ----------------------------------------------------------------- this torch
@@ -49,12 +49,12 @@ MEASURED = {(2, 8): {**_OLD, "aot_compile": False, "aot_compile_needs_enable_aot
 
 
 def test_this_torch_is_supported():
-    assert tc.MIN_VERSION <= tc.version() <= tc.NEWEST_TESTED
+    assert tc.MIN_VERSION <= probing.version() <= tc.NEWEST_TESTED
     assert tc.unsupported() == ""
 
 
 def test_probe_results_are_those_measured_for_this_torch():
-    expected = MEASURED.get(tc.version())
+    expected = MEASURED.get(probing.version())
     if expected is None:
         pytest.skip(f"no probe results recorded for torch {torch.__version__}")
     assert tc.features() == expected
@@ -93,9 +93,9 @@ def test_isolate_probe_tells_isolated_from_shared_budgets():
     """The probe's mechanism on this torch: without isolation the second compile of the same
     code is a recompile past a limit of 1 (no graph); with it, both compile."""
     def second_compile_graphs(isolate):
-        fn, x = tc._fresh(tc._sin2), torch.randn(3)
-        a, b = tc._Counter(), tc._Counter()
-        with tc._traceless(), dynamo_config.patch(recompile_limit=1):
+        fn, x = probing._fresh(probing._sin2), torch.randn(3)
+        a, b = probing._Counter(), probing._Counter()
+        with probing._traceless(), dynamo_config.patch(recompile_limit=1):
             torch.compile(fn, backend=a, isolate_recompiles=isolate)(x)
             torch.compile(fn, backend=b, isolate_recompiles=isolate)(x)
         return a.graphs, b.graphs
@@ -116,10 +116,10 @@ def test_wan_modulation_probe_compiles_one_graph_for_two_token_counts():
 
 def _wan_modulation_graphs() -> int:
     import torch.fx.experimental._config as fx_config
-    c = tc._Counter()
-    compiled = torch.compile(tc._fresh(tc._wan_modulation), backend=c)
+    c = probing._Counter()
+    compiled = torch.compile(probing._fresh(tc._wan_modulation), backend=c)
     mod = torch.randn(1, 6, 8)
-    with tc._traceless(), fx_config.patch(use_duck_shape=False, backed_size_oblivious=True):
+    with probing._traceless(), fx_config.patch(use_duck_shape=False, backed_size_oblivious=True):
         for tokens in (4, 6):
             x, e = torch.randn(1, tokens, 8), torch.randn(1, 1, 6, 8)
             for t in (x, e):
@@ -132,9 +132,9 @@ def _wan_modulation_graphs() -> int:
 def test_probes_do_not_run_at_import_of_the_pack():
     code = ("import compile_core.run.engine, compile_core.plan.preflight, compile_core.torch_support.scoped, "
             "compile_core.plan.shapes, compile_core.cache.precompiled, compile_core.diagnose.graph_breaks\n"
-            "from compile_core.torch_support import torch_compat as tc\n"
+            "from compile_core.torch_support import aot, torch_compat as tc\n"
             "print(sum(p.cache_info().currsize for p in (tc.unsupported, tc.compile_works, "
-            "tc.isolate_recompiles, tc.backed_size_oblivious_safe, tc.load_compiled_function)))")
+            "tc.isolate_recompiles, tc.backed_size_oblivious_safe, aot.load_compiled_function)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -145,15 +145,15 @@ def test_preflight_torch_features_delegate_to_the_probes():
     feats = preflight.torch_features()
     assert feats["isolate_recompiles"] is tc.isolate_recompiles()
     assert feats["backed_size_oblivious_safe"] is tc.backed_size_oblivious_safe()
-    assert feats["load_compiled_function"] is tc.load_compiled_function()
+    assert feats["load_compiled_function"] is aot.load_compiled_function()
 
 
 @pytest.mark.skipif("enable_aot_compile" not in dynamo_config.get_config_copy(),
                     reason="this torch has no enable_aot_compile knob (2.8)")
 def test_aot_capture_applies_the_knobs_this_torch_needs(monkeypatch):
-    monkeypatch.setattr(tc, "aot_compile_knobs", lambda: {"enable_aot_compile": True})
+    monkeypatch.setattr(aot, "aot_compile_knobs", lambda: {"enable_aot_compile": True})
     before = dynamo_config.enable_aot_compile
-    with tc.aot_capture():
+    with aot.aot_capture():
         assert dynamo_config.enable_aot_compile is True
     assert dynamo_config.enable_aot_compile == before
 
@@ -161,7 +161,7 @@ def test_aot_capture_applies_the_knobs_this_torch_needs(monkeypatch):
 # ------------------------------------------------- older torch, simulated by the probe result
 
 def test_unsupported_below_2_8_simulated(monkeypatch):
-    monkeypatch.setattr(tc, "version", lambda: (2, 7))
+    monkeypatch.setattr(probing, "version", lambda: (2, 7))
     why = tc.unsupported.__wrapped__()
     assert "older than 2.8" in why and "eager" in why
 
@@ -203,7 +203,7 @@ def test_without_isolate_recompiles_simulated_the_log_says_budgets_are_shared(mo
     monkeypatch.setattr("compile_core.report.log._said", set())
     seen = {}
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
-    engine.make_compiled_call(settings())
+    compiled_call.make_compiled_call(settings())
     assert "isolate_recompiles" not in seen
     assert seen.get("recompile_limit") == (64 if tc.recompile_limit_kwarg() else None)
     assert any("shares dynamo's cache and one recompile budget" in m for m in pack_log.all_infos())
@@ -211,11 +211,11 @@ def test_without_isolate_recompiles_simulated_the_log_says_budgets_are_shared(mo
 
 def test_without_saved_regions_simulated_the_log_says_why_once(monkeypatch, pack_log, wan, tmp_path):
     from compile_core.cache.persist import PersistentCache
-    monkeypatch.setattr(tc, "load_compiled_function", lambda: False)
+    monkeypatch.setattr(aot, "load_compiled_function", lambda: False)
     monkeypatch.setattr("compile_core.report.log._said", set())
     model = wan.Model(n_blocks=2).eval()
     cm = engine.prepare(model, settings(backend="inductor"), persistent=PersistentCache(tmp_path))
-    assert cm._precompiled() is None and cm._precompiled() is None
+    assert cm.state.precompiled() is None and cm.state.precompiled() is None
     notes = [m for m in pack_log.all_infos() if "cannot save and load a compiled function" in m]
     assert len(notes) == 1 and "persistent FX-graph cache" in notes[0], pack_log.all_infos()
 
@@ -226,17 +226,17 @@ def test_without_recompile_limit_kwarg_simulated_the_config_knob_carries_the_lim
     seen = {}
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
     s = settings(dynamo_cache_size_limit=5)
-    engine.make_compiled_call(s)
+    compiled_call.make_compiled_call(s)
     assert "recompile_limit" not in seen
-    dynamo = scoped.knobs_for(s, on_cuda=False)["dynamo"]
+    dynamo = knobs.knobs_for(s, on_cuda=False)["dynamo"]
     assert dynamo["cache_size_limit"] == 5 and "recompile_limit" not in dynamo
 
 
 def test_saved_regions_off_when_aot_compile_does_not_work_simulated(monkeypatch):
     s = CompileSettings.from_args(build_compile_args(backend="inductor", mode="default", background_compile=False))
-    monkeypatch.setattr(tc, "load_compiled_function", lambda: True)
+    monkeypatch.setattr(aot, "load_compiled_function", lambda: True)
     assert precompiled.supported(s, regional=True) is tc.guard_filter_fn() is True
-    monkeypatch.setattr(tc, "load_compiled_function", lambda: False)
+    monkeypatch.setattr(aot, "load_compiled_function", lambda: False)
     assert precompiled.supported(s, regional=True) is False
 
 
@@ -264,15 +264,15 @@ def test_own_backend_only_for_reuse_off_without_isolation_simulated(monkeypatch)
     monkeypatch.setattr(tc, "isolate_recompiles", lambda: False)
     seen = {}
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
-    engine.make_compiled_call(settings(backend="inductor", mode="max-autotune-no-cudagraphs"))
+    compiled_call.make_compiled_call(settings(backend="inductor", mode="max-autotune-no-cudagraphs"))
     assert seen["backend"] == "inductor" and seen["mode"] == "max-autotune-no-cudagraphs"
     seen.clear()
-    engine.make_compiled_call(settings(backend="inductor", mode="max-autotune-no-cudagraphs",
+    compiled_call.make_compiled_call(settings(backend="inductor", mode="max-autotune-no-cudagraphs",
                                        reuse_if_similar=False))
     own = seen["backend"]
-    assert isinstance(own, engine._OwnBackend) and "mode" not in seen
+    assert isinstance(own, compiled_call.OwnBackend) and "mode" not in seen
     assert own.inner.config.get("max_autotune") is True  # the mode lives in the inner backend
-    assert own != engine._OwnBackend("inductor", "max-autotune-no-cudagraphs", seen["dynamic"])
+    assert own != compiled_call.OwnBackend("inductor", "max-autotune-no-cudagraphs", seen["dynamic"])
 
 
 def test_a_probe_on_another_thread_keeps_a_concurrent_compiles_counts():
@@ -291,7 +291,7 @@ def test_a_probe_on_another_thread_keeps_a_concurrent_compiles_counts():
         return True
 
     before = counters["stats"]["unique_graphs"]
-    t = threading.Thread(target=tc._probe, args=(slow_probe,))
+    t = threading.Thread(target=probing._probe, args=(slow_probe,))
     t.start()
     assert inside.wait(30)
 

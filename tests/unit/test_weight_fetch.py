@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from compile_core.torch_support import scoped, torch_compat as tc, weight_fetch as wf
+from compile_core.torch_support import probing, scoped, weight_fetch as wf
 
 
 @pytest.fixture
 def op():
-    if not tc.opaque_weight_fetch():
+    if not wf.opaque_weight_fetch():
         pytest.skip(f"torch {torch.__version__} cannot pass an opaque object to a custom op")
     return wf
 
@@ -159,14 +159,14 @@ def test_registered_once_under_a_name_a_schema_can_hold(op):
 
 
 def test_without_opaque_objects_the_feature_is_off(monkeypatch):
-    monkeypatch.setattr(tc, "opaque_weight_fetch", lambda: False)
+    monkeypatch.setattr(wf, "opaque_weight_fetch", lambda: False)
     assert wf.available() is False
 
 
 def test_probe_agrees_with_registration():
-    assert tc.opaque_weight_fetch() == (wf.register() and tc.opaque_weight_fetch())
-    if tc.version() >= (2, 13):
-        assert tc.opaque_weight_fetch()
+    assert wf.opaque_weight_fetch() == (wf.register() and wf.opaque_weight_fetch())
+    if probing.version() >= (2, 13):
+        assert wf.opaque_weight_fetch()
 
 
 def test_a_pickled_ref_is_a_cache_key_and_never_a_weight(op):
@@ -197,7 +197,10 @@ def routing(monkeypatch):
     pkg.__path__ = [str(root)]
     nodes = types.ModuleType("tcs_pack.nodes")
     nodes.__path__ = [str(root / "nodes")]
-    for name, mod in (("tcs_pack", pkg), ("tcs_pack.nodes", nodes), ("tcs_pack.compile_core", compile_core)):
+    from compile_core.torch_support import weight_fetch  # noqa: F401 - the one copy its op registers from
+    ours = {"tcs_pack." + name: mod for name, mod in list(sys.modules.items())
+            if name == "compile_core" or name.startswith("compile_core.")}
+    for name, mod in (("tcs_pack", pkg), ("tcs_pack.nodes", nodes), *ours.items()):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.delitem(sys.modules, "tcs_pack.nodes.weight_routing", raising=False)
     return importlib.import_module("tcs_pack.nodes.weight_routing")
@@ -329,7 +332,7 @@ def test_routing_keeps_patches_set_while_it_was_held(op, routing, fresh_code):
 
 def test_routing_on_older_torch_changes_nothing_and_says_why_once(routing, fresh_code, monkeypatch, caplog):
     import logging
-    monkeypatch.setattr(tc, "opaque_weight_fetch", lambda: False)
+    monkeypatch.setattr(wf, "opaque_weight_fetch", lambda: False)
     monkeypatch.setattr(routing.log, "_said", set())
     model, plan = _comfy_like(fresh_code)(), _Plan()
     patch = LowVramPatch("0.a.weight", torch.zeros(8, 8), 1.0)

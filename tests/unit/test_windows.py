@@ -26,7 +26,7 @@ import torch
 from torch._inductor import cpp_builder
 
 from compile_core.diagnose import diagnostics
-from compile_core.cache import fleet, persist
+from compile_core.cache import fleet_entries, persist
 from compile_core.report import log
 from compile_core.torch_support import longpaths
 from compile_core.plan import preflight as pf
@@ -54,7 +54,7 @@ exit 0
 
 def _clear_compiler_caches():
     pf._cpp_compiler_problem.cache_clear()
-    fleet._cpu_identity.cache_clear()
+    fleet_entries._cpu_identity.cache_clear()
     for name in ("check_compiler_exist_windows", "check_msvc_cl_language_id", "_is_msvc_cl",
                  "cpp_compiler_search"):
         clear = getattr(getattr(cpp_builder, name, None), "cache_clear", None)  # faked, or absent (2.8)
@@ -179,10 +179,10 @@ def test_compiler_check_follows_path_changes(fake_windows, fake_msvc, tmp_path, 
 
 def test_compiler_banner_and_fleet_identity_use_the_msvc_banner(fake_windows, fake_msvc):
     assert pf.compiler_banner("cl") == BANNER
-    with_msvc = fleet._cpu_identity()
+    with_msvc = fleet_entries._cpu_identity()
     fake_msvc.write_text(MSVC_SCRIPT.replace("19.44.35207", "19.29.30159"))
-    fleet._cpu_identity.cache_clear()
-    assert fleet._cpu_identity() != with_msvc  # another MSVC builds other kernels
+    fleet_entries._cpu_identity.cache_clear()
+    assert fleet_entries._cpu_identity() != with_msvc  # another MSVC builds other kernels
 
 
 # --------------------------------------------------------------------------- long paths: facts
@@ -316,17 +316,17 @@ def _deep_entry(root: Path) -> Path:
 
 def test_a_fleet_entry_too_deep_for_this_worker_is_refused_whole(
         fake_windows, fake_winreg, tmp_path, short_dir):
-    payload = fleet.pack_dir(_deep_entry(tmp_path / "src"))
+    payload = fleet_entries.pack_dir(_deep_entry(tmp_path / "src"))
     dest = short_dir / ("d" * 60)
-    with pytest.raises(fleet.FleetError, match="260-character limit"):
-        fleet.unpack_into(payload, dest)
+    with pytest.raises(fleet_entries.FleetError, match="260-character limit"):
+        fleet_entries.unpack_into(payload, dest)
     assert not dest.exists()  # checked before anything is written
     fake_winreg.value = 1
-    assert fleet.unpack_into(payload, dest) == 2
+    assert fleet_entries.unpack_into(payload, dest) == 2
 
 
 def test_a_fleet_entry_that_fits_unpacks_on_windows(fake_windows, fake_winreg, tmp_path, short_dir):
-    assert fleet.unpack_into(fleet.pack_dir(_deep_entry(tmp_path / "src")), short_dir / "d") == 2
+    assert fleet_entries.unpack_into(fleet_entries.pack_dir(_deep_entry(tmp_path / "src")), short_dir / "d") == 2
 
 
 def test_a_too_deep_ptx_cache_dir_is_not_used(fake_windows, fake_winreg, tmp_path, short_dir,

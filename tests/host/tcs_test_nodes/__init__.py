@@ -42,7 +42,7 @@ def _plain_counters():
     start-up warm-up is done (its feature probes compile tiny functions and put the counters
     back after each: a snapshot taken meanwhile could count their graphs)."""
     from torch._dynamo.utils import counters
-    prewarm = _pack_module("prewarm")
+    prewarm = _pack_module("prewarm", "compile_core.cache")
     if prewarm is not None:
         prewarm.wait(finish=True)
     return {str(k): {str(kk): int(vv) for kk, vv in v.items()} for k, v in counters.items()}
@@ -129,7 +129,7 @@ def _model_report(patcher):
 
 def _pack_status(patcher):
     """The pack's status payload of this model (None when the pack did not compile it)."""
-    bridge, status = _pack_module("comfy_bridge", "nodes"), _pack_module("status")
+    bridge, status = _pack_module("comfy_bridge", "nodes"), _pack_module("status", "compile_core.report")
     compiled = bridge.compiled_model_of(patcher)[0] if bridge is not None else None
     return status.status_payload(compiled) if compiled is not None else None
 
@@ -811,7 +811,7 @@ class TCSTestWaitForBackground:
                 return
             state["calls"] += 1
             if state["calls"] == call:
-                _pack_module("background").wait_idle(300)
+                _pack_module("background", "compile_core.run").wait_idle(300)
             compiled = sum(1 for m in module.modules() if any(name in getattr(
                 m.__dict__.get("_compiled_call_impl"), "__qualname__", "")
                 for name in ("shaped_call", "_eager_on_failure")))  # (the engine's region calls)
@@ -831,8 +831,8 @@ async def _stuck_probes(_app):
     instead of 20, so a host test sees what prompts do then. Runs first among the start-up
     handlers, before the pack's warm-up starts."""
     import threading
-    _pack_module("torch_compat").features = lambda: threading.Event().wait()
-    _pack_module("comfy_bridge", "nodes")._probe_wait[0] = 1.0
+    _pack_module("torch_compat", "compile_core.torch_support").features = lambda: threading.Event().wait()
+    _pack_module("comfy_prewarm", "nodes")._probe_wait[0] = 1.0
 
 
 if os.environ.get("TCS_TEST_STUCK_PROBES") == "1":

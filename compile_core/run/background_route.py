@@ -1,0 +1,222 @@
+"""The background route: the first call runs eagerly and queues the compile on the worker; the
+calls after it run eagerly (or beside the worker) until the compile is swapped in at a model
+call boundary. New inputs of a compiled model compile the same way (``new_shapes``)."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from . import background, beside, compile_pass, new_shapes
+from .attach import region_variant
+from .state import ModelState
+from ..plan import shapes
+from ..report import log
+from ..torch_support import hooks
+
+
+class Background:
+    def __init__(self, state: ModelState):
+        self.state = state
+        self.job: background.Job | None = None  # the background compile pending for this model
+        self.done = False  # its background compile ran (a model call never starts two)
+        self.retry = False  # it stopped on something other than a compile failure: try again
+        self.foreground_depth = 0  # inside ``CompiledModel.foreground()``: compile on the caller's thread
+        self.swapped_at: int | None = None  # the model call at which the compile took over
+        self.miss_off = False  # new inputs compile in the foreground (see ``swap``)
+        self.worker_context: Callable | None = None  # of the current call (see ``CompiledModel.run``)
+        self.captured: tuple | None = None  # (captured region calls, worker context) the queued job takes
+        # called on the worker when a background compile of this model is done (the bridge sends
+        # the badge's status: a CPU model's compile ends when the server is idle, and no model
+        # call would send it then)
+        self.on_done: Callable[[], None] | None = None
+        # the host found another torch.compile around the model call (core's TorchCompileModel
+        # after Apply): it would trace a background compile's input capture, so the model
+        # compiles in the foreground
+        self.inside_other_compile = False
+
+    @property
+    def active(self) -> bool:
+        return self.state.settings.background_compile and not self.foreground_depth \
+            and not self.inside_other_compile
+
+    @property
+    def compiling(self) -> bool:
+        return self.job is not None and not self.job.done.is_set()
+
+    @property
+    def held(self) -> bool:
+        """Its compile waits for the server to be idle, or pauses while a prompt runs (``pacing``)."""
+        job = self.job
+        return job is not None and job.yields and not job.done.is_set() \
+            and (not job.started.is_set() or job.paused)
+
+    def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device) -> tuple | None:
+        """``(output,)`` of a call that ran eagerly while this model's compile is pending, or
+        None when the call takes another route (compiled: the job is done and swapped in here;
+        beside another model's compile)."""
+        if not self.active:
+            return None
+        job = self.job
+        if not self.state.sampling_run:  # (outside a sampling run: each call is a run of its own)
+            self.retry_stopped()
+        if self.retry:  # its compile stopped (``swap``): eagerly until the next run
+            return (call(),)
+        if job is None and self.state.entry.graphs == 0 and not self.done:
+            return (self._start(diffusion_model, call, device),)
+        # swap only once the worker is idle: another model's compile scope may still hold the
+        # process-wide cache environment
+        if job is not None and job.done.is_set() and not background.busy():
+            self.swap(job)
+            return (call(),) if self.state.entry.failed or self.retry else None
+        if job is not None and not job.done.is_set():  # this model's compile runs: eagerly
+            job.eager_calls += 1
+            try:
+                return (background.eager_beside_worker(call, device),)
+            except torch.OutOfMemoryError as exc:  # (on a GPU the compile runs the regions too)
+                return (beside.after_the_compile(self.state.description, call, device, exc),)
+        return None
+
+    @contextlib.contextmanager
+    def in_foreground(self) -> Iterator[None]:
+        """Compile on the calling thread inside the block: a pending compile is finished (and
+        swapped in) first."""
+        self.foreground_depth += 1
+        try:
+            if background.busy():
+                background.wait_idle()
+            if self.job is not None:
+                self.swap(self.job)
+            yield
+        finally:
+            self.foreground_depth -= 1
+
+    def _start(self, diffusion_model, call, device):
+        """Run this call eagerly, keeping each region's first inputs, and queue their compile."""
+        modules = self.state.plan.modules(diffusion_model)
+        out, captured = background.capture_eager(modules, call, region_variant)
+        if not captured:  # nothing reached the regions: compile in the foreground next call
+            self.done = True
+            return out
+        self.queue(captured, device, "the first input")
+        log.info("compiling %s in the background; the model runs eagerly until it is ready",
+                 self.state.description)
+        return out
+
+    def queue(self, captured: list, device: torch.device, what: str) -> None:
+        """Queue the compile of ``captured`` on the worker (this call ran them eagerly). A CPU
+        model's compile yields to prompts (``pacing``), unless its regions are saved (loading
+        them takes a fraction of a second)."""
+        fast = self.state.precompiled()
+        yields = device.type == "cpu" and not (fast and fast.saved([c.module for c in captured], device))
+        if not yields:  # before the worker starts (a yielding job does it there, when it may)
+            hooks.warm_fx_tracers()
+        self.captured = (captured, self.worker_context)
+        ref = weakref.ref(self)
+        self.job = background.submit(functools.partial(_queued_compile, ref, device),
+                                     self.state.description, yields=yields)
+        self.job.eager_calls, self.job.what, self.state.changed = 1, what, True
+        self.job.on_done = functools.partial(_background_done, ref)
+        if yields:
+            log.info("%s runs on the CPU, whose cores its eager steps use: its background "
+                     "compile runs while the server is idle and pauses while prompts run",
+                     self.state.description)
+
+    def probe(self) -> "new_shapes.EagerOnMiss | None":
+        """In background mode, once compiled: a region call no graph takes runs eagerly and
+        its compile is queued (``new_shapes``), where this torch can tell."""
+        if not self.state.settings.background_compile or self.foreground_depth or self.miss_off:
+            return None
+        if not new_shapes.EagerOnMiss.available():
+            log.info_once("miss-probe-unavailable", "torch %s: a new input of a model compiled in "
+                          "the background compiles on the sampling thread (its graphs' guards "
+                          "cannot be checked ahead here)", torch.__version__)
+            return None
+        return new_shapes.EagerOnMiss(self.state.entry.compiled, region_variant)
+
+    def queue_missed(self, miss, device: torch.device) -> None:
+        if miss is not None and miss.captured:
+            self.queue(list(miss.captured.values()), device, "a new input")
+            log.info("%d region call(s) of %s got an input no compiled graph takes: they ran "
+                     "eagerly, and it compiles in the background", miss.eager_regions, self.state.description)
+
+    def compile_captured(self, captured: list, device: torch.device, context=None) -> int:
+        """On the worker: compile each captured region by calling it, compiled, on its inputs
+        (the same scope, shapes, saved regions and caches as a foreground compile), inside
+        ``context()``. Returns the number of graphs it compiled, traced or loaded."""
+        hooks.warm_fx_tracers()  # (cached: a no-op unless the job yields)
+        s = self.state
+        scope, _ = s.scope(device.type == "cuda")
+        p = compile_pass.begin(s, [c.module for c in captured], device)
+        with background.locked_scope(scope.active()), \
+                (context() if context is not None else contextlib.nullcontext()):
+            compile_pass.probe_isa(s, p, device)
+            for c in captured:
+                region = shapes.shaped_call(s.entry.compiled, c.module, s.shaper(c.module), p.fast)
+                with c.modes():
+                    region(*c.args, **c.kwargs)
+        compile_pass.finish(s, p, device, where=" in the background")
+        return p.new_graphs
+
+    def swap(self, job) -> None:
+        """At a step boundary: the background compile is done; say so, or fall back."""
+        s = self.state
+        self.job, self.done, s.changed = None, True, True
+        if job.error is not None and not job.failure:
+            # out of memory, an interrupt, a model error: nothing wrong with the compile itself
+            self.retry = True
+            log.warning("the background compile of %s stopped (%s: %s): it runs eagerly (output "
+                        "unchanged) and compiles again at its next sampling run", s.description,
+                        type(job.error).__name__, str(job.error).splitlines()[0][:200] if str(job.error) else "")
+            return
+        if job.error is not None:
+            s.entry.failed = s.entry.failed or job.failure
+            log.warning("torch.compile failed in the background, so this model keeps running "
+                        "eagerly (output unchanged). %s", s.entry.failed)
+            return
+        self.swapped_at = job.eager_calls + 1
+        if job.what == "a new input" and not job.result:
+            self.miss_off = True  # told "a compile is needed" where none was: stop asking
+            log.info_once("miss-probe-off", "the background compile of a new input of %s compiled "
+                          "nothing new; its new inputs now compile on the calling thread", s.description)
+        log.info("background compile of %s done in %.1f s; swapped in at model call %d "
+                 "(%d call(s) ran eagerly meanwhile)", s.description, job.seconds,
+                 job.eager_calls + 1, job.eager_calls)
+
+    def retry_stopped(self) -> None:
+        """A background compile that stopped on something other than a compile failure
+        (``swap``) starts again with this run's first call."""
+        if self.retry and self.job is None:
+            self.retry = self.done = False
+
+
+def _queued_compile(ref: "weakref.ref[Background]", device: torch.device) -> int:
+    """A queued background compile: it reaches its model only through ``ref``, so a job that
+    waits (for the server to be idle, or behind another) keeps nothing alive, and one whose
+    model ComfyUI let go is dropped."""
+    route = ref()
+    if route is None or route.captured is None:
+        log.info("a queued background compile was dropped: its model is gone")
+        return 0
+    (captured, context), route.captured = route.captured, None
+    return route.compile_captured(captured, device, context)
+
+
+def _background_done(ref: "weakref.ref[Background]") -> None:
+    """On the worker, once the job is done: say so (no model call may come for a while) and
+    tell the host (the badge)."""
+    route = ref()
+    if route is None:
+        return
+    job = route.job
+    if job is not None:
+        paused = f", {job.pauses} pause(s) for prompts ({job.paused_s:.1f} s)" if job.pauses else ""
+        log.info("background compile of %s finished in %.1f s%s; the model's next call %s",
+                 route.state.description, job.seconds, paused,
+                 "takes the compiled graphs" if job.error is None else "says what happened")
+    if route.on_done is not None:
+        route.on_done()

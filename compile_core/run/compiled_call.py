@@ -1,0 +1,59 @@
+"""The one ``torch.compile`` object a model's regions run through (shared by equal models)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import background
+from ..plan.settings import CompileSettings
+from ..report import log
+from ..torch_support import scoped, torch_compat
+
+
+def make_compiled_call(settings: CompileSettings) -> Callable:
+    """One ``torch.compile`` object over ``nn.Module._call_impl``; dynamo compiles each region's
+    ``forward`` frame, so identical blocks share graphs."""
+    kwargs = settings.compile_kwargs()
+    # Give each compile its own recompile budget where this torch supports it, so our
+    # regions neither consume nor are starved by other compiles of the same code.
+    if torch_compat.isolate_recompiles():
+        kwargs["isolate_recompiles"] = True
+    else:
+        log.info_once("shared-recompile-budget", "torch %s has no working isolate_recompiles: every "
+                      "compile of a block class shares dynamo's cache and one recompile budget "
+                      "(dynamo_cache_size_limit)", torch.__version__)
+        if not settings.reuse_if_similar:
+            kwargs = _own_backend(kwargs)
+    if torch_compat.recompile_limit_kwarg():  # else the scoped config knob sets it (scoped.py)
+        kwargs["recompile_limit"] = settings.cache_size_limit
+    # torch 2.9's torch.compile() sets TORCHINDUCTOR_CACHE_DIR (a background compile's scope
+    # sets it too: the lock keeps the two from restoring each other's value)
+    with background.env_lock(), scoped.scoped_state():
+        return torch.compile(nn.Module._call_impl, **kwargs)
+
+
+class OwnBackend:
+    """The backend ``torch.compile`` would build, equal only to itself. Dynamo reuses a cache
+    entry of the same code made by an *equal* backend; without ``isolate_recompiles`` (torch
+    2.8-2.10) this is how reuse_if_similar off still compiles afresh (it shares the budget)."""
+
+    def __init__(self, backend: str, mode: str | None, dynamic: bool | None):
+        with background.env_lock(), scoped.scoped_state():  # inductor's wrapper sets TORCHINDUCTOR_CACHE_DIR (2.8)
+            if backend == "inductor":
+                self.inner = torch._TorchCompileInductorWrapper(mode, None, dynamic)
+            else:
+                self.inner = torch._TorchCompileWrapper(backend, mode, None, dynamic)
+        self.__name__ = backend
+
+    def __call__(self, gm, example_inputs):
+        return self.inner(gm, example_inputs)
+
+    def __getattr__(self, name):  # get_compiler_config, reset, ... of the inner backend
+        return getattr(self.__dict__["inner"], name)
+
+
+def _own_backend(kwargs: dict) -> dict:
+    own = OwnBackend(kwargs["backend"], kwargs.get("mode"), kwargs.get("dynamic"))
+    return {**{k: v for k, v in kwargs.items() if k != "mode"}, "backend": own}

@@ -1,0 +1,15 @@
+"""What dynamo and inductor record about the compiles they ran (private counters and records)."""
+from __future__ import annotations
+
+
+def compilation_metrics() -> list:
+    """Dynamo's compilation records, one per compiled frame (it keeps the last 64)."""
+    from torch._dynamo.utils import get_compilation_metrics
+    return list(get_compilation_metrics())
+
+
+def fx_cache_counts() -> tuple[int, int]:
+    """(FX-graph cache hits, misses) so far in this process."""
+    from torch._dynamo.utils import counters
+    c = counters["inductor"]
+    return int(c["fxgraph_cache_hit"]), int(c["fxgraph_cache_miss"])
