@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -27,7 +28,7 @@ from .run import background, fallback, warmup
 from .run.engine import CompiledModel, prepare
 
 __all__ = ["VAE_CHOICES", "CompileRequest", "CompiledModel", "model_request", "compile_model",
-           "compiles_ahead", "compile_vae", "status", "first_call_status", "changed_status"]
+           "run_model_call", "compiles_ahead", "compile_vae", "status", "first_call_status", "changed_status"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,24 @@ def compile_model(diffusion_model: nn.Module, device: torch.device,
         return None
     settings = background.settings_for(checked, device)
     return _prepare(diffusion_model, settings, request, "model")
+
+
+def run_model_call(compiled: CompiledModel, run: Callable[[], object], call: Callable[[], object],
+                   passthrough: tuple[type[BaseException], ...] = ()):
+    """``run()``, the model call through ``compiled``; where it raises, ``call()`` (the same
+    model call, eager) runs in its place: a compile never breaks a workflow. Where the eager
+    call raises too, the error is the model's own and propagates; else the model stays eager
+    from now on, said once. ``passthrough`` (the host's interrupt) propagates at once."""
+    if compiled.entry.failed:  # the eager route: its errors are the model's own
+        return run()
+    try:
+        return run()
+    except passthrough:
+        raise
+    except Exception as exc:  # noqa: BLE001 - judged by the eager call below
+        why = fallback.explain(exc)
+    # (outside the handler: the failed call's tensors, held by its traceback, are freed first)
+    return compiled.run_eagerly_after(why, call)
 
 
 def compiles_ahead(compiled: CompiledModel) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+import comfy.model_management
 import comfy.patcher_extension as patcher_extension
 
 from ..compile_core import api
@@ -22,6 +23,9 @@ WRAPPER_KEY = "torch_compile_speed"
 CORE_COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers' key
 APPLY_MODEL = patcher_extension.WrappersMP.APPLY_MODEL
 OUTER_SAMPLE = patcher_extension.WrappersMP.OUTER_SAMPLE
+# what a cancelled prompt raises inside a model call (an Exception on older ComfyUI): it is no
+# failure of the compiled call, so it propagates without an eager run
+INTERRUPT = (comfy.model_management.InterruptProcessingException,)
 
 
 def diffusion_model(model_patcher):
@@ -61,8 +65,10 @@ def _apply_model_wrapper(compiled, node_id):
         if not other_compile_warned:
             _warn_other_compile(compiled, args, kwargs, other_compile_warned)
         send_if_any(api.first_call_status(compiled, node_id))  # the UI shows "compiling..."
-        out = run_compiled(compiled, base_model.diffusion_model, lambda: executor(*args, **kwargs),
-                           x.device)
+        def eager():
+            return executor(*args, **kwargs)
+        out = api.run_model_call(compiled, lambda: run_compiled(compiled, base_model.diffusion_model, eager, x.device),
+                                 eager, INTERRUPT)
         send_if_any(api.changed_status(compiled, node_id))
         return out
 

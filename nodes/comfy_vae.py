@@ -7,6 +7,7 @@ import copy
 import torch
 
 from ..compile_core import api
+from .comfy_model import INTERRUPT
 from .comfy_server import send_if_any
 
 VAE_METHODS = {"decode": ("decode", "decode_tiled"), "encode": ("encode", "encode_tiled")}
@@ -39,8 +40,10 @@ def _compiled_vae_call(clone, method, compiled, node_id):
     """``method`` (an unbound ``comfy.sd.VAE`` method) on ``clone``, with the regions compiled."""
     def call(*args, **kwargs):
         send_if_any(api.first_call_status(compiled, node_id))  # the UI shows "compiling..."
-        out = compiled.run(clone.first_stage_model, lambda: method(clone, *args, **kwargs),
-                           vae_device(clone))
+        def eager():
+            return method(clone, *args, **kwargs)
+        out = api.run_model_call(compiled, lambda: compiled.run(clone.first_stage_model, eager, vae_device(clone)),
+                                 eager, INTERRUPT)
         send_if_any(api.changed_status(compiled, node_id))
         return out
     call.__name__ = method.__name__

@@ -117,6 +117,13 @@ class CompiledModel:
         pending background compile is finished (and swapped in) first."""
         return self.background.in_foreground()
 
+    def run_eagerly_after(self, why: str, call: Callable[[], object]):
+        """The compiled model call failed (``why``): run ``call`` eagerly; where it raises too,
+        the error is the model's own and propagates; else every model sharing the entry runs
+        eagerly from now on."""
+        out = call()
+        return self.state.fell_back(why, out, "the model call ran again, eagerly")
+
     def mark_warmed(self) -> None:
         """Kernels are being warmed elsewhere (compile-ahead): skip the first-call PTX warm-up."""
         self.state.warmed = True
