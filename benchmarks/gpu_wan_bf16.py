@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "host"))
 from harness import COMFY_DIR  # noqa: E402  (the default host, 0.33.0, or TCS_COMFY_HOST)
 sys.path.pop(0)
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "gpu_results"
-VARIANTS = ("eager", "ours-regional", "torch-compile-whole", "ours-whole")
+VARIANTS = ("eager", "ours-regional", "torch-compile-whole", "ours-whole", "ours-background")
 DEFAULT_VARIANTS = ("eager", "ours-regional", "torch-compile-whole")
 WAN_1_3B = {"dim": 1536, "ffn_dim": 8960, "num_heads": 12, "text_dim": 4096, "freq_dim": 256,
             "in_dim": 16, "out_dim": 16}
@@ -223,15 +223,16 @@ def worker(args) -> dict:
     info = {"variant": args.worker, "model_class": f"{type(model).__module__}.{type(model).__name__}"}
     if args.worker == "eager":
         call = forward
-    elif args.worker in ("ours-regional", "ours-whole"):
+    elif args.worker in ("ours-regional", "ours-whole", "ours-background"):
         sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
         from compile_core.run import engine
         from compile_core.cache.persist import PersistentCache
         from compile_core.plan.settings import CompileSettings, build_compile_args
-        # the compile in the first call (background compile off), so that call times the compile
+        # ours-regional: the compile in the first call (background compile off), so that call
+        # times the compile; ours-background: the node's defaults as they are (compile on the worker)
         settings = CompileSettings.from_args(build_compile_args(
             backend=args.backend, mode=args.mode, compile_transformer_blocks_only=args.worker != "ours-whole",
-            background_compile=False))
+            background_compile=args.worker == "ours-background"))
         t0 = time.perf_counter()
         # the pack's persistent cache, as ComfyUI runs it (the root comes from the env below),
         # so the restart pass loads the saved regions (compile_core/cache/precompiled.py)
@@ -264,6 +265,8 @@ def worker(args) -> dict:
         info["first_call_s"] = time.perf_counter() - t0
         if on_cuda:
             info["peak_gb_first_call"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
+        if args.worker == "ours-background":
+            info.update(until_swapped(cm, call, sync, t0))
         for _ in range(args.warmup):
             call()
         sync()
@@ -289,6 +292,18 @@ def worker(args) -> dict:
     info["output_finite"] = bool(torch.isfinite(out).all())
     torch.save(out.float().cpu(), args.save_output)
     return info
+
+
+def until_swapped(cm, call, sync, t0: float, limit_s: float = 60.0) -> dict:
+    """Model calls, as a sampler makes them, until the background compile is swapped in: when
+    (seconds from the first call's start) and at which call."""
+    calls = 1
+    while cm.swapped_at is None and cm.entry.failed == "" and time.perf_counter() - t0 < limit_s:
+        call()
+        sync()
+        calls += 1
+    return {"compiled_from_s": time.perf_counter() - t0, "swapped_at_call": cm.swapped_at,
+            "calls_until_swapped": calls, "failed": cm.entry.failed}
 
 
 # --------------------------------------------------------------------------- driver
@@ -389,7 +404,12 @@ def write_md(res: dict, path: Path) -> None:
           "`compile_core.run.engine.prepare` + `CompiledModel.run` with the settings node's defaults (blocks "
           "only, shape policy auto); "
           "torch-compile-whole is plain `torch.compile(model)` (core's TorchCompileModel: mode default); "
-          "ours-whole is the pack's whole-model compile."]
+          "ours-whole is the pack's whole-model compile; ours-background is the node's defaults "
+          "unchanged (the compile on the background worker while the calls run eagerly)."]
+    bg = res["variants"].get("ours-background", {}).get("cold", {})
+    if "compiled_from_s" in bg:
+        L += ["", f"ours-background: swapped in at model call {bg.get('swapped_at_call')}, "
+              f"{bg['compiled_from_s']:.2f} s after the first call started."]
     path.write_text("\n".join(L) + "\n")
 
 
@@ -451,7 +471,7 @@ def main() -> int:
             cache, out_file = scratch / v, scratch / f"{v}.pt"
             print(f"[{time.strftime('%H:%M:%S')}] {v}: cold ...", flush=True)
             r = {"cold": run_variant(args, v, cache, out_file, "cold")}
-            if v != "eager" and not args.no_restart and "error" not in r["cold"]:
+            if v not in ("eager", "ours-background") and not args.no_restart and "error" not in r["cold"]:
                 print(f"[{time.strftime('%H:%M:%S')}] {v}: restart on the same caches ...", flush=True)
                 r["restart"] = run_variant(args, v, cache, scratch / f"{v}_restart.pt", "restart")
             if out_file.exists() and (scratch / "eager.pt").exists():
