@@ -411,10 +411,10 @@ def run_worker(kind: str, *wargs) -> dict:
 # --------------------------------------------------------------------------- environment
 
 def _rel(path: str) -> str:
-    try:
-        return os.path.relpath(path, REPO_ROOT) if Path(path).resolve().is_relative_to(REPO_ROOT) else path
-    except (ValueError, OSError):
-        return path
+    """``path`` relative to the repository, or its bare name outside it (results name no
+    machine's folders)."""
+    absolute = Path(os.path.abspath(path))  # (not resolved: .venv/bin/python is a link out)
+    return str(absolute.relative_to(REPO_ROOT)) if absolute.is_relative_to(REPO_ROOT) else absolute.name
 
 
 def machine_info(argv) -> dict:
