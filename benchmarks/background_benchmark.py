@@ -223,8 +223,10 @@ def in_scratch(prefix: str, fn):
 
 
 def write_out(out: str, data: dict, md: str) -> None:
-    """``out``.json and ``out``.md, and the Markdown printed."""
-    Path(out + ".json").write_text(json.dumps(data, indent=1))
+    """``out``.json and ``out``.md, and the Markdown printed. The servers' log lines name the
+    scratch folder, which is written as ``<scratch>``."""
+    scratch = re.escape(tempfile.gettempdir()) + r"/tcs_\w+"
+    Path(out + ".json").write_text(re.sub(scratch, "<scratch>", json.dumps(data, indent=1)))
     Path(out + ".md").write_text(md)
     print(md)
 

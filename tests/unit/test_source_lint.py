@@ -1,8 +1,10 @@
 """Every Python file of the pack passes pyflakes: no undefined names (which dead code left
 after a removal hides from the tests), no unused imports or variables. A line marked
-``# noqa`` (an import kept for its side effect) is exempt."""
+``# noqa`` (an import kept for its side effect) is exempt. Committed results and docs name no
+machine's folders."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from pyflakes.reporter import Reporter
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted([REPO_ROOT / "__init__.py",
-                  *(REPO_ROOT / "compile_core").glob("*.py"),
+                  *(REPO_ROOT / "compile_core").rglob("*.py"),
                   *(REPO_ROOT / "nodes").glob("*.py"),
                   *(REPO_ROOT / "benchmarks").glob("*.py"),
                   *(REPO_ROOT / "scripts").glob("*.py")])
@@ -38,3 +40,17 @@ def test_pyflakes_clean(path):
     reporter = _Collect()
     pyflakes_api.checkPath(str(path), reporter)
     assert reporter.problems == []
+
+
+# an absolute folder of a machine (a home, a checkout, a temporary folder), as a results file
+# written with a full interpreter or output path would carry it
+MACHINE_PATH = re.compile(r"(?<![\w.:/])/(?:home|root|work|Users|tmp|var/folders)/[\w.-]+")
+PUBLISHED = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md"),
+                    *(REPO_ROOT / "benchmarks" / "results").glob("*.md"),
+                    *(REPO_ROOT / "benchmarks" / "results").glob("*.json")])
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_published_files_name_no_machine_folders(path):
+    found = MACHINE_PATH.findall(path.read_text(encoding="utf-8"))
+    assert found == [], found[:5]
