@@ -11,7 +11,11 @@ import dataclasses
 import threading
 from typing import Callable
 
+from ..plan.settings import CompileSettings
+
 DEFAULT_MAX_ENTRIES = 16
+# the settings' own recompile limits (``get_or_create``'s ``budget``)
+DEFAULT_BUDGET = (CompileSettings.cache_size_limit, CompileSettings.recompile_limit)
 
 
 @dataclasses.dataclass
@@ -37,23 +41,28 @@ class CompiledEntry:
 class ReuseRegistry:
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES):
         self.max_entries = max_entries
-        self._entries: "collections.OrderedDict[str, CompiledEntry]" = collections.OrderedDict()
+        self._entries: "collections.OrderedDict[tuple, CompiledEntry]" = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def get_or_create(self, fingerprint: str, factory: Callable[[], Callable]) -> tuple[CompiledEntry, bool]:
-        """Return (entry, reused). New entries evict the least recently used past the bound.
+    def get_or_create(self, fingerprint: str, factory: Callable[[], Callable],
+                      budget: tuple = DEFAULT_BUDGET) -> tuple[CompiledEntry, bool]:
+        """Return (entry, reused). ``budget``: the compile object's recompile limits, which the
+        fingerprint leaves out (the persistent cache serves any limits) but which decide how
+        many graphs it compiles, so an Apply with other limits gets an entry of its own.
+        New entries evict the least recently used past the bound.
         A failed entry is replaced by a new one: a compile failure may be transient (e.g. out of
         memory while autotuning), so each new request retries once; a model already holding
         the failed entry keeps running eagerly (no retry per step)."""
+        key = (fingerprint, budget)
         with self._lock:
-            entry = self._entries.get(fingerprint)
+            entry = self._entries.get(key)
             if entry is not None and not entry.failed:
-                self._entries.move_to_end(fingerprint)
+                self._entries.move_to_end(key)
                 entry.reuses += 1
                 return entry, True
             entry = CompiledEntry(fingerprint, factory())
-            self._entries[fingerprint] = entry
-            self._entries.move_to_end(fingerprint)  # it may replace a failed one
+            self._entries[key] = entry
+            self._entries.move_to_end(key)  # it may replace a failed one
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
             return entry, False
@@ -62,7 +71,7 @@ class ReuseRegistry:
         return len(self._entries)
 
     def __contains__(self, fingerprint: str) -> bool:
-        return fingerprint in self._entries
+        return any(key[0] == fingerprint for key in self._entries)
 
     def clear(self) -> None:
         with self._lock:

@@ -148,7 +148,7 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
         log.warn_once("torch-unsupported", "%s", unsupported)
         entry, reused = CompiledEntry(fp, None, failed=unsupported), False
     elif settings.reuse_if_similar:
-        entry, reused = registry.get_or_create(fp, factory)
+        entry, reused = registry.get_or_create(fp, factory, (settings.cache_size_limit, settings.recompile_limit))
     else:
         entry, reused = CompiledEntry(fp, factory()), False
     description = plan.describe(diffusion_model)

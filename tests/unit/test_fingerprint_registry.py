@@ -158,6 +158,20 @@ def test_get_or_create_builds_once_then_reuses():
     assert "a" in reg and len(reg) == 1
 
 
+def test_an_apply_with_other_recompile_limits_gets_an_entry_of_its_own(wan):
+    """The limits stay out of the fingerprint (the persistent cache serves any), but they decide
+    how many graphs a compile object makes: a second Apply with a larger budget must not get the
+    first one's compile object and its smaller budget."""
+    from compile_core.run import engine
+    m, reg = wan.Model(), ReuseRegistry()
+    small = engine.prepare(m, _settings(dynamo_cache_size_limit=1, dynamo_recompile_limit=1), registry=reg)
+    large = engine.prepare(m, _settings(), registry=reg)
+    again = engine.prepare(m, _settings(), registry=reg)
+    assert small.fingerprint == large.fingerprint
+    assert large.entry is not small.entry and not large.reused
+    assert again.entry is large.entry and again.reused
+
+
 def test_lru_bound_evicts_the_least_recently_used():
     reg = ReuseRegistry(max_entries=2)
     reg.get_or_create("a", object)
