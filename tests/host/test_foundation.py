@@ -142,15 +142,15 @@ def test_reuse_when_same_checkpoint_loaded_again(comfy_host, tiny_wan_path, eage
 
 
 def test_reuse_off_compiles_afresh(comfy_host, tiny_wan, eager_ref):
-    """dynamo_recompile_limit is not part of the fingerprint but re-executes the Apply node:
-    with reuse on the second apply finds the compiled work, with reuse off it compiles again."""
+    """warmup_runs is not part of the reuse key but re-executes the Apply node: with reuse on
+    the second apply finds the compiled work, with reuse off it compiles again."""
     per_apply = {}
     for reuse in (True, False):
         probes = []
-        for limit in (100, 101, 102):
-            settings = {**FAST, "reuse_if_similar": reuse, "dynamo_recompile_limit": limit}
+        for warmup in (0, 1, 2):
+            settings = {**FAST, "reuse_if_similar": reuse, "warmup_runs": warmup}
             hist = comfy_host.run(wan_t2v_prompt(tiny_wan, compile_settings=settings,
-                                                 prefix=f"reuse{reuse}{limit}"))
+                                                 prefix=f"reuse{reuse}{warmup}"))
             probes.append(comfy_host.probe(hist))
             assert rel_l2(comfy_host.latent(hist), eager_ref) < 1e-3
         per_apply[reuse] = [new_graphs(counters_delta(a["counters"], b["counters"]))
