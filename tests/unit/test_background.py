@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compile_core.run import background, engine, pacing
-from compile_core.torch_support import compile_threads, guards
+from compile_core.torch_support import compile_threads, guards, scoped
 from compile_core.report.status import status_payload
 from tcs_engine_helpers import CPU, eager, run, settings
 
@@ -508,15 +508,17 @@ def test_a_paused_compile_goes_on_while_another_thread_needs_dynamo(host_state):
         host_state["idle"] = False  # a prompt starts as the compile begins: it pauses in dynamo
         begun.set()
         torch.compile(slow, backend="eager")(torch.randn(8))
-    job = background.submit(compile_job, "a model", yields=True)
-    assert begun.wait(10)
-    time.sleep(0.3)
-    out = []
-    other = threading.Thread(target=lambda: out.append(torch.compile(torch.cos, backend="eager")(torch.ones(2))))
-    other.start()
-    other.join(60)
-    assert not other.is_alive() and torch.equal(out[0], torch.ones(2).cos())
-    assert job.done.wait(60) and job.error is None  # it went on and finished meanwhile
+    # (torch 2.8's torch.compile() sets TORCHINDUCTOR_CACHE_DIR: the scope puts it back after)
+    with scoped.scoped_state():
+        job = background.submit(compile_job, "a model", yields=True)
+        assert begun.wait(10)
+        time.sleep(0.3)
+        out = []
+        other = threading.Thread(target=lambda: out.append(torch.compile(torch.cos, backend="eager")(torch.ones(2))))
+        other.start()
+        other.join(60)
+        assert not other.is_alive() and torch.equal(out[0], torch.ones(2).cos())
+        assert job.done.wait(60) and job.error is None  # it went on and finished meanwhile
 
 
 def test_waiting_for_the_worker_starts_a_compile_that_waits_for_the_server(wan, wan_inputs, host_state):
