@@ -11,6 +11,7 @@ from torch import nn
 from compile_core import api
 from compile_core.run import engine
 from compile_core.cache.registry import ReuseRegistry
+from compile_core.torch_support import scoped
 from tcs_engine_helpers import CPU, settings
 
 
@@ -62,7 +63,8 @@ def runtime_failure_backend():
 def _compiled(model, backend):
     s = settings()
     cm = engine.prepare(model, s, registry=ReuseRegistry())
-    cm.state.entry.compiled = torch.compile(nn.Module._call_impl, backend=backend)
+    with scoped.scoped_state():  # torch 2.8's torch.compile() sets TORCHINDUCTOR_CACHE_DIR
+        cm.state.entry.compiled = torch.compile(nn.Module._call_impl, backend=backend)
     return cm
 
 
