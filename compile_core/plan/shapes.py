@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..torch_support import hooks, torch_compat
+from ..torch_support import dynamo_records, torch_compat
 
 POLICIES = ("auto", "static", "dynamic")
 
@@ -294,9 +294,9 @@ def _marked_until_a_hit(compiled: Callable, module: nn.Module, args: tuple, kwar
     if hit in memo:
         return compiled(module, *args, **kwargs)
     mark(marks)
-    before = hooks.graph_count()
+    before = dynamo_records.graph_count()
     out = compiled(module, *args, **kwargs)
-    if hooks.graph_count() == before:
+    if dynamo_records.graph_count() == before:
         memo[hit] = True
     return out
 

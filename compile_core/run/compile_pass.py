@@ -11,7 +11,7 @@ from torch import nn
 from .state import ModelState
 from ..cache import precompiled, prewarm
 from ..report import log
-from ..torch_support import dynamo_records, hooks, scoped
+from ..torch_support import dynamo_records, scoped
 
 
 @dataclasses.dataclass
@@ -42,8 +42,8 @@ def begin(state: ModelState, modules: list[nn.Module], device: torch.device, kee
             recorder = prewarm.ImportRecorder()
             _before_first_compile(state, device)
     fast = state.precompiled()
-    p = CompilePass(first_compile, recorder, fast, hooks.graph_count(), cache_counts(state),
-                    time.time_ns() // 1000, time.perf_counter(), hooks.graph_break_count())
+    p = CompilePass(first_compile, recorder, fast, dynamo_records.graph_count(), cache_counts(state),
+                    time.time_ns() // 1000, time.perf_counter(), dynamo_records.graph_break_count())
     p.lazy_scope = scope is not None and fast is not None and not first_compile and not warm
     if fast is not None:
         fast.begin_run(modules, device, keep_keys, scope.active if p.lazy_scope else None)
@@ -60,10 +60,10 @@ def finish(state: ModelState, p: CompilePass, device: torch.device, where: str =
     it compiled or loaded any."""
     # a region loaded by torch's AOT API counts like a graph compiled from the cache
     loaded = p.fast.loaded - p.cache_before[2] if p.fast else 0
-    new_graphs = p.new_graphs = hooks.graph_count() - p.graphs_before + loaded
+    new_graphs = p.new_graphs = dynamo_records.graph_count() - p.graphs_before + loaded
     changed = _record(state, time.perf_counter() - p.start, new_graphs, loaded, where)
     if new_graphs:
-        state.entry.graph_breaks += hooks.graph_break_count() - p.breaks_before
+        state.entry.graph_breaks += dynamo_records.graph_break_count() - p.breaks_before
         state.entry.frames.extend(frames_since(p.start_us))
         note_cache(state, p.cache_before, device)
         if p.recorder is not None:  # what a restarted server can warm before its first compile

@@ -1,4 +1,5 @@
-"""What dynamo and inductor record about the compiles they ran (private counters and records)."""
+"""What dynamo and inductor record about the compiles they ran (private counters and records):
+graphs, graph breaks, per-frame compile records, FX-graph cache hits."""
 from __future__ import annotations
 
 
@@ -13,3 +14,15 @@ def fx_cache_counts() -> tuple[int, int]:
     from torch._dynamo.utils import counters
     c = counters["inductor"]
     return int(c["fxgraph_cache_hit"]), int(c["fxgraph_cache_miss"])
+
+
+def graph_count() -> int:
+    """Graphs dynamo has compiled in this process (its ``unique_graphs`` counter)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def graph_break_count() -> int:
+    """Graph breaks dynamo has met in this process (its ``graph_break`` counters)."""
+    from torch._dynamo.utils import counters
+    return int(sum(counters["graph_break"].values()))

@@ -1,7 +1,7 @@
 """Hooks into inductor's and dynamo's process-wide state that a compile of the pack runs under:
 where inductor builds its precompiled C++ headers, header precompiling off while built kernels
-load, the points where a background compile may pause, a one-time fx trace run early, and
-dynamo's graph and graph-break counters. Each leaves things as it found them.
+load, the points where a background compile may pause, and a one-time fx trace run early. Each
+leaves things as it found them.
 """
 from __future__ import annotations
 
@@ -108,15 +108,3 @@ def warm_fx_tracers() -> None:
         InterpreterShim._dummy_gm()
     except Exception:  # noqa: BLE001 - not on this torch: background.eager_beside_worker copes
         pass
-
-
-def graph_count() -> int:
-    """Graphs dynamo has compiled in this process (its ``unique_graphs`` counter)."""
-    from torch._dynamo.utils import counters
-    return int(counters["stats"]["unique_graphs"])
-
-
-def graph_break_count() -> int:
-    """Graph breaks dynamo has met in this process (its ``graph_break`` counters)."""
-    from torch._dynamo.utils import counters
-    return int(sum(counters["graph_break"].values()))
