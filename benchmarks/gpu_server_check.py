@@ -1,10 +1,13 @@
 """A ComfyUI 0.33 server on the GPU, once with dynamic VRAM (its default on NVIDIA) and once with
 ``--disable-dynamic-vram``, each running the same tiny WAN text-to-video prompt three ways:
-eager, core's ``TorchCompileModel``, and Apply Torch Compile with the settings node's defaults.
+eager, core's ``TorchCompileModel``, and Apply Torch Compile with the settings node's defaults as a
+user meets them: the first prompt runs eagerly while the background compile runs, the pack's
+"finished" line is waited for, and the next prompt runs the compiled graphs.
 
 For each memory path it records whether each prompt completed (and the error where not), the
-seconds each took, whether the pack compiled (its log says so, and no eager fallback line), and
-the relative L2 distance of the compiled latents to eager's. Both servers run side by side.
+seconds each took (``defaults_first_s`` for the node's first, eager prompt), whether the pack
+compiled (its log says so, and no eager fallback line), and the relative L2 distance of the
+compiled latents to eager's. Both servers run side by side.
 
     python benchmarks/gpu_server_check.py --out results.json [--device cpu]
 
@@ -24,8 +27,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "host"))
-from harness import (NODE_DEFAULTS, ComfyHost, PromptError, fallback_lines, make_tiny_wan,  # noqa: E402
-                     pack_lines, rel_l2, wan_t2v_prompt)
+from harness import (BACKGROUND_DONE, BACKGROUND_QUEUED, NODE_DEFAULTS, ComfyHost, PromptError,  # noqa: E402
+                     fallback_lines, make_tiny_wan, pack_lines, rel_l2, wan_t2v_prompt)
 
 MEMORY_PATHS = {"dynamic_vram": [], "no_dynamic_vram": ["--disable-dynamic-vram"]}
 DYNAMIC_VRAM_ON = "DynamicVRAM support detected and enabled"  # ComfyUI's start-up line
@@ -65,6 +68,20 @@ def timed_run(host: ComfyHost, prompt: dict, timeout: float) -> dict:
     return {"ok": True, "seconds": round(time.perf_counter() - start, 2), "history": hist}
 
 
+def defaults_runs(host: ComfyHost, name: str, timeout: float) -> tuple[dict, dict]:
+    """``(first, compiled)``: the node's defaults' first prompt and, once its background compile
+    has finished, the next one (the same run when nothing was compiled in the background)."""
+    offset = host.log_offset()
+    first = timed_run(host, wan_t2v_prompt(name, compile_settings=NODE_DEFAULTS, prefix="defaults"), timeout)
+    if not first["ok"] or not any(pack_lines(host.log_text(since=offset), n) for n in BACKGROUND_QUEUED):
+        return first, first
+    try:
+        host.wait_for_pack_line(BACKGROUND_DONE, since=offset, timeout=timeout)
+    except TimeoutError as exc:
+        return first, {"ok": False, "seconds": timeout, "error": str(exc)[-1500:]}
+    return first, timed_run(host, wan_t2v_prompt(name, compile_settings=NODE_DEFAULTS, prefix="defaults"), timeout)
+
+
 def check_path(base: Path, model: Path, extra_args: list, cpu: bool, timeout: float) -> dict:
     """One server: eager, core, the node's defaults."""
     out: dict = {}
@@ -74,8 +91,10 @@ def check_path(base: Path, model: Path, extra_args: list, cpu: bool, timeout: fl
         eager = timed_run(host, wan_t2v_prompt(name, apply=False, prefix="eager"), timeout)
         core = timed_run(host, core_prompt(name), timeout)
         offset = host.log_offset()
-        defaults = timed_run(host, wan_t2v_prompt(name, compile_settings=NODE_DEFAULTS,
-                                                  prefix="defaults"), timeout)
+        first, defaults = defaults_runs(host, name, timeout)
+        out["defaults_first_ok"], out["defaults_first_s"] = first["ok"], first["seconds"]
+        if not first["ok"]:
+            out["defaults_first_error"] = first["error"]
         log = host.log_text(since=offset)
         reference = host.latent(eager["history"]) if eager["ok"] else None
         for name, run in (("eager", eager), ("core", core), ("defaults", defaults)):

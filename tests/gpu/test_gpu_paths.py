@@ -1,6 +1,6 @@
-"""The pack on an NVIDIA GPU, with the settings node's defaults (mode ``speed``): inductor's
-Triton kernels for the blocks, the PTX warm-up in its own Triton folder, a background compile
-that does not autotune beside the model, and ComfyUI 0.33's dynamic VRAM on a real server.
+"""The pack on an NVIDIA GPU, with the settings node's defaults (mode ``speed``, background
+compile): inductor's Triton kernels for the blocks, compiled beside the model without autotuning
+and swapped in, and the PTX warm-up in its own Triton folder.
 Skipped without CUDA (see ``conftest.py``)."""
 from __future__ import annotations
 
@@ -49,17 +49,26 @@ def kernel_sources(since: int) -> str:
     return "\n".join(texts)
 
 
-def test_node_defaults_compile_the_blocks_into_device_kernels(wan, wan_inputs, device, graph_count, pack_log):
+def test_node_defaults_compile_the_blocks_into_device_kernels_in_the_background(wan, wan_inputs, device,
+                                                                               graph_count, pack_log):
+    """The node's defaults as users run them: the first call runs eagerly while the worker
+    compiles in mode default (the speed preset autotunes nothing beside the model); the next call
+    runs the swapped-in graphs, made of device kernels."""
     model, inputs, ref = model_and_inputs(wan, wan_inputs, device)
     cm = engine.prepare(model, node_defaults())
     assert cm.settings.mode == "default" and cm.settings.backend == "inductor"
+    assert cm.settings.background_compile
     loaded, g0 = len(PyCodeCache.modules), graph_count()
-    call(cm, model, device, *inputs)
+    first = call(cm, model, device, *inputs)
+    assert background.wait_idle(timeout=600)
+    g1 = graph_count()
     out = call(cm, model, device, *inputs)
-    assert cm.entry.graphs == 1 and not cm.entry.failed and graph_count() - g0 == 1
+    assert cm.swapped_at == 2 and cm.entry.graphs == 1 and not cm.entry.failed
+    assert g1 - g0 == 1 and graph_count() == g1  # one graph, compiled by the worker
     code = kernel_sources(loaded)
     kernel = "async_compile.triton(" if device.type == "cuda" else "async_compile.cpp"
     assert kernel in code, code[:2000]
+    torch.testing.assert_close(first, ref)
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
     assert not pack_log.warnings()
 
@@ -67,31 +76,14 @@ def test_node_defaults_compile_the_blocks_into_device_kernels(wan, wan_inputs, d
 @cuda_only
 def test_the_ptx_warm_up_keeps_its_triton_kernels_in_its_folder_for_the_run(wan, wan_inputs, device, tmp_path,
                                                                              pack_log):
-    """``experimental_ptx``: TRITON_CACHE_DIR is the node's folder while the model runs (and
-    only then: the global-state check of every test), and the first call is warmed."""
+    """``experimental_ptx`` with the compile in the first call: TRITON_CACHE_DIR is the node's
+    folder while the model runs (and only then: the global-state check of every test), and the
+    first call is warmed."""
     model, inputs, ref = model_and_inputs(wan, wan_inputs, device)
     folder = tmp_path / "ptx"
-    cm = engine.prepare(model, node_defaults(experimental_ptx=True, warmup_runs=1), ptx_cache_dir=folder)
+    cm = engine.prepare(model, node_defaults(experimental_ptx=True, warmup_runs=1, background_compile=False), ptx_cache_dir=folder)
     out = call(cm, model, device, *inputs)
     kept = [p for p in folder.rglob("*") if p.suffix in (".cubin", ".ptx", ".json")]
     assert kept, sorted(str(p) for p in folder.rglob("*"))[:20]
     assert any("warmed Triton kernels 1 time(s)" in m for m in pack_log.infos()), pack_log.infos()
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
-
-
-@cuda_only
-def test_a_background_compile_on_the_gpu_swaps_in_without_autotuning(wan, wan_inputs, device, graph_count,
-                                                                      pack_log):
-    """On CUDA the worker compiles in mode default (no autotuning beside the running model)
-    while the first call runs eagerly; the next call runs its graphs."""
-    model, inputs, ref = model_and_inputs(wan, wan_inputs, device)
-    cm = engine.prepare(model, node_defaults(background_compile=True))
-    first = call(cm, model, device, *inputs)
-    assert background.wait_idle(timeout=600)
-    g1 = graph_count()
-    out = call(cm, model, device, *inputs)
-    assert cm.swapped_at == 2 and cm.entry.graphs == 1 and graph_count() == g1
-    assert cm.settings.mode == "default"  # the speed preset: nothing autotunes beside the model
-    torch.testing.assert_close(first, ref)
-    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
-    assert not pack_log.warnings()

@@ -1,6 +1,6 @@
 """ComfyUI 0.33 on the GPU (no ``--cpu``): its loader gives a dynamic-VRAM model (comfy-aimdo),
-and Apply Torch Compile with the node's defaults compiles a non-dynamic clone that samples like
-eager. With ``TCS_GPU_TEST_DEVICE=cpu`` the same prompts run on ``--cpu`` (no dynamic VRAM
+and Apply Torch Compile with the node's defaults compiles a non-dynamic clone in the background
+that, once swapped in, samples like eager. With ``TCS_GPU_TEST_DEVICE=cpu`` the same prompts run on ``--cpu`` (no dynamic VRAM
 there), to check the test itself."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from harness import ComfyHost, HOST_VERSION, counters_delta, new_graphs, pack_lines, rel_l2, wan_t2v_prompt
+from harness import (ComfyHost, HOST_VERSION, counters_delta, fallback_lines, new_graphs, pack_lines, rel_l2,
+                     wan_t2v_prompt)
 from test_dynamic_vram import HAS_DYNAMIC_VRAM, TURNED_OFF
 
 pytestmark = pytest.mark.skipif(not HAS_DYNAMIC_VRAM, reason=f"ComfyUI {HOST_VERSION} has no dynamic VRAM")
@@ -23,13 +24,13 @@ def test_the_node_defaults_on_a_dynamic_vram_model_compile_a_clone_that_samples_
         assert (ENABLED in start) == ON_GPU, start[-3000:]
         eager_hist = host.run(wan_t2v_prompt(tiny_wan, apply=False, prefix="eager"))
         before = host.probe(eager_hist)["counters"]
-        offset = host.log_offset()
-        hist = host.run(wan_t2v_prompt(tiny_wan, compile_settings={"mode": "speed"}, prefix="compiled"), timeout=900)
-        log = host.log_text(since=offset)
+        # the defaults compile in the background: the first prompt runs eagerly, the next compiled
+        hist, log = host.run_compiled(lambda: wan_t2v_prompt(tiny_wan, compile_settings={"mode": "speed"},
+                                                             prefix="compiled"), timeout=900)
         report = host.probe(hist)
         assert report["pack_status"]["state"] in ("cold", "warm"), report["pack_status"]
         assert report["pack_status"]["mode"] == "default"  # the speed preset, as Apply compiles it
         assert new_graphs(counters_delta(before, report["counters"])) >= 1
         assert len(pack_lines(log, TURNED_OFF)) == ON_GPU, log
-        assert not pack_lines(log, "torch.compile failed") and not pack_lines(log, "eagerly"), log
+        assert pack_lines(log, "compiled WanAttentionBlock x2") and not fallback_lines(log), log
         assert rel_l2(host.latent(hist), host.latent(eager_hist)) < 1e-2
