@@ -1,5 +1,6 @@
-"""A ComfyUI 0.33 server on the GPU, once with dynamic VRAM (its default on NVIDIA) and once with
-``--disable-dynamic-vram``, each running the same tiny WAN text-to-video prompt three ways:
+"""A ComfyUI 0.33 server on the GPU, with dynamic VRAM (its default on NVIDIA: the pack reloads the
+compiled clone without it), with dynamic VRAM fetched in the graph
+(``TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH=1``) and with ``--disable-dynamic-vram``, each running the same tiny WAN text-to-video prompt three ways:
 eager, core's ``TorchCompileModel``, and Apply Torch Compile with the settings node's defaults as a
 user meets them: the first prompt runs eagerly while the background compile runs, the pack's
 "finished" line is waited for, and the next prompt runs the compiled graphs.
@@ -7,7 +8,7 @@ user meets them: the first prompt runs eagerly while the background compile runs
 For each memory path it records whether each prompt completed (and the error where not), the
 seconds each took (``defaults_first_s`` for the node's first, eager prompt), whether the pack
 compiled (its log says so, and no eager fallback line), and the relative L2 distance of the
-compiled latents to eager's. Both servers run side by side.
+compiled latents to eager's. The servers run side by side.
 
     python benchmarks/gpu_server_check.py --out results.json [--device cpu]
 
@@ -30,7 +31,10 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "host"))
 from harness import (BACKGROUND_DONE, BACKGROUND_QUEUED, NODE_DEFAULTS, ComfyHost, PromptError,  # noqa: E402
                      fallback_lines, make_tiny_wan, pack_lines, rel_l2, wan_t2v_prompt)
 
-MEMORY_PATHS = {"dynamic_vram": [], "no_dynamic_vram": ["--disable-dynamic-vram"]}
+# memory path -> (ComfyUI's arguments, the server's environment)
+MEMORY_PATHS = {"dynamic_vram": ([], {}),
+                "dynamic_vram_fetch": ([], {"TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH": "1"}),
+                "no_dynamic_vram": (["--disable-dynamic-vram"], {})}
 DYNAMIC_VRAM_ON = "DynamicVRAM support detected and enabled"  # ComfyUI's start-up line
 COMPILED = "compiled WanAttentionBlock"
 
@@ -82,10 +86,10 @@ def defaults_runs(host: ComfyHost, name: str, timeout: float) -> tuple[dict, dic
     return first, timed_run(host, wan_t2v_prompt(name, compile_settings=NODE_DEFAULTS, prefix="defaults"), timeout)
 
 
-def check_path(base: Path, model: Path, extra_args: list, cpu: bool, timeout: float) -> dict:
+def check_path(base: Path, model: Path, extra_args: list, env: dict, cpu: bool, timeout: float) -> dict:
     """One server: eager, core, the node's defaults."""
     out: dict = {}
-    with ComfyHost(base, cpu=cpu, extra_args=extra_args) as host:
+    with ComfyHost(base, cpu=cpu, extra_args=extra_args, env=env or None) as host:
         name = host.add_model(model)
         out["dynamic_vram_enabled"] = DYNAMIC_VRAM_ON in host.log_text()
         eager = timed_run(host, wan_t2v_prompt(name, apply=False, prefix="eager"), timeout)
@@ -106,6 +110,8 @@ def check_path(base: Path, model: Path, extra_args: list, cpu: bool, timeout: fl
                 out[f"{name}_error"] = run["error"]
             elif reference is not None and name != "eager":
                 out[f"{name}_rel_l2"] = rel_l2(host.latent(run["history"]), reference)
+        took = re.search(r"background compile of .*? finished in ([0-9.]+) s", log)
+        out["defaults_compile_s"] = float(took.group(1)) if took else None
         out["defaults_compiled"] = bool(defaults["ok"] and pack_lines(log, COMPILED) and not fallback_lines(log))
         print(f"[{base.name}] the pack's lines during the defaults prompt:", *pack_lines(log)[:20], sep="\n")
     return out
@@ -122,9 +128,9 @@ def main() -> int:
     model = make_tiny_wan()
     results: dict = {}
 
-    def run(name, extra):
+    def run(name, how):
         try:
-            results[name] = check_path(base / name, model, extra, cpu, args.timeout)
+            results[name] = check_path(base / name, model, *how, cpu, args.timeout)
         except Exception as exc:  # noqa: BLE001 - a server that did not start is a result too
             results[name] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
         Path(args.out).write_text(json.dumps(results, indent=1))

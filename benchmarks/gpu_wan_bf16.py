@@ -255,6 +255,7 @@ def worker(args) -> dict:
             torch.cuda.synchronize(device)
 
     on_cuda = device.type == "cuda"
+    pack_lines = _record_pack_lines()
     with torch.no_grad():
         sync()
         if on_cuda:
@@ -263,6 +264,10 @@ def worker(args) -> dict:
         out = call()
         sync()
         info["first_call_s"] = time.perf_counter() - t0
+        # where the first call's time went: torch's compile phases and the pack's lines (seconds
+        # from the call's start)
+        info["compile_times"] = _compile_times()
+        info["pack_lines"] = [f"{when - t0:7.2f} s {msg}" for when, msg in pack_lines][-40:]
         if on_cuda:
             info["peak_gb_first_call"] = torch.cuda.max_memory_allocated(device) / 1024 ** 3
         if args.worker == "ours-background":
@@ -292,6 +297,32 @@ def worker(args) -> dict:
     info["output_finite"] = bool(torch.isfinite(out).all())
     torch.save(out.float().cpu(), args.save_output)
     return info
+
+
+def _record_pack_lines() -> list:
+    """(time, message) of every line the pack logs from now on, in a list."""
+    import logging
+    import re
+    import tempfile
+    lines: list = []
+    scratch = re.compile(re.escape(tempfile.gettempdir()) + r"/[^/\s]+")
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append((time.perf_counter(), scratch.sub("<scratch>", record.getMessage())[:300]))
+    logger = logging.getLogger("TorchCompileSpeed")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    return lines
+
+
+def _compile_times() -> str:
+    """torch's seconds per compile phase so far (dynamo's own table), or why not."""
+    try:
+        from torch._dynamo.utils import compile_times
+        return str(compile_times(repr="str", aggregate=True))[-4000:]
+    except Exception as exc:  # noqa: BLE001 - a report
+        return f"{type(exc).__name__}: {exc}"
 
 
 def until_swapped(cm, call, sync, t0: float, limit_s: float = 60.0) -> dict:

@@ -40,7 +40,7 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
     """A clone of ``model_patcher`` (``dynamic_vram.compile_clone``) whose model calls run
     ``compiled``; a TorchCompileModel wrapper of core's on it is removed, with a warning."""
     pacing.set_idle_check(server_idle)
-    clone = compile_clone(model_patcher)
+    clone, compiled.memory_path = compile_clone(model_patcher)
     clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
     if clone.get_wrappers(APPLY_MODEL, CORE_COMPILE_KEY):  # never compile twice
         clone.remove_wrappers_with_key(APPLY_MODEL, CORE_COMPILE_KEY)

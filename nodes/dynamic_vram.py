@@ -14,12 +14,21 @@ dtype beside it (``weight_comfy_model_dtype``). The dynamic patcher casts to tha
 loads the weights; the plain ``ModelPatcher`` of the reload does not, so a float32 or bfloat16
 file meets float16 activations (``mat1 and mat2 must have the same dtype``). The clone's weights
 are cast to the dtypes ComfyUI recorded, as the dynamic patcher would have done.
+
+``TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH=1`` keeps the clone dynamic instead (a plain clone, the
+same model): each compiled layer's weight fetch goes through ``tcs::layer_fetch``
+(``dynamic_fetch``), so the blocks trace as one graph while comfy-aimdo keeps managing the
+weights, with no reload and no second copy in RAM.
 """
 from __future__ import annotations
 
 import torch
 
+from ..compile_core.plan import switches
 from ..compile_core.report import log
+from ..compile_core.torch_support import layer_fetch
+
+FETCH_ENV = "TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH"
 
 
 def is_dynamic(model_patcher) -> bool:
@@ -30,12 +39,19 @@ def is_dynamic(model_patcher) -> bool:
 
 
 def compile_clone(model_patcher):
-    """The clone that gets the compile wrapper: a plain ``clone()``, or for a dynamic patcher a
-    non-dynamic reload with the model's dtypes (module docstring). If the model cannot be
-    reloaded (a loader without ``cached_patcher_init``), the clone stays dynamic, with a warning."""
+    """``(clone, memory)``: the clone that gets the compile wrapper and the memory path it runs
+    (None for a model without dynamic VRAM). A plain ``clone()``; for a dynamic patcher a
+    non-dynamic reload with the model's dtypes (module docstring), or with ``FETCH_ENV`` on a
+    dynamic clone whose weights are fetched in the graph. If the model cannot be reloaded (a
+    loader without ``cached_patcher_init``), the clone stays dynamic, with a warning."""
     if not is_dynamic(model_patcher):
-        return model_patcher.clone()
+        return model_patcher.clone(), None
     name = type(getattr(model_patcher, "model", None)).__name__
+    if switches.switch(FETCH_ENV, False) and layer_fetch.available():
+        log.info("dynamic VRAM stays on for the compiled %s: each compiled layer fetches its "
+                 "weights through comfy-aimdo inside one op (tcs::layer_fetch), so its blocks "
+                 "trace without graph breaks", name)
+        return model_patcher.clone(), "dynamic VRAM, weights fetched in the graph"
     try:
         clone = model_patcher.clone(disable_dynamic=True)
     except Exception as exc:  # noqa: BLE001 - e.g. RuntimeError: no cached_patcher_init
@@ -43,14 +59,14 @@ def compile_clone(model_patcher):
                     "it (%s: %s). torch.compile then splits its graphs at every weight fetch, "
                     "which can be slower than eager. Fix: load it with a core loader, or start "
                     "ComfyUI with --disable-dynamic-vram.", name, type(exc).__name__, exc)
-        return model_patcher.clone()
+        return model_patcher.clone(), "dynamic VRAM (graph breaks at its weight fetches)"
     cast = restore_model_dtypes(clone.model)
     log.info("dynamic VRAM turned off for the compiled %s, as core's TorchCompileModel does: "
              "under it every weight is fetched through comfy-aimdo at each op, which "
              "torch.compile cannot trace. ComfyUI reloaded the model for this clone%s; the input "
              "model and other branches keep dynamic VRAM.", name,
              f" ({cast} tensor(s) cast to the model's dtype, as dynamic VRAM does)" if cast else "")
-    return clone
+    return clone, "dynamic VRAM off for the compiled clone"
 
 
 def restore_model_dtypes(model: torch.nn.Module) -> int:

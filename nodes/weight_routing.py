@@ -7,6 +7,9 @@ key (a string), one graph per block and per strength:
   ``comfy.model_patcher.LowVramPatch`` objects, applied by ``comfy.ops.cast_bias_weight``;
 - ComfyUI-GGUF: the quantized weight's ``patches``, applied by the layer's ``cast_bias_weight``.
 
+And under dynamic VRAM every layer's fetch is a graph break; those layers' computations go
+through ``tcs::layer_fetch`` (``dynamic_fetch``), their LoRA with them.
+
 ``routed(model, plan)`` replaces, for the duration of one compiled run, each such LowVramPatch
 in the compiled regions by a ``_PatchCall`` (the patch applied inside the op, on a copy of the
 cast weight) and each patched GGUF layer's ``cast_bias_weight`` by a ``_GGUFCast`` (dequantize
@@ -31,7 +34,8 @@ from typing import Iterator
 import torch
 
 from ..compile_core.report import log
-from ..compile_core.torch_support import weight_fetch
+from ..compile_core.torch_support import layer_fetch, weight_fetch
+from . import dynamic_fetch
 
 _FUNCS = ("weight_function", "bias_function")
 _GGUF_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
@@ -106,8 +110,8 @@ def _is_gguf(m) -> bool:
     return callable(getattr(type(m), "get_weight", None)) and hasattr(m, "is_ggml_quantized")
 
 
-def _layers(model, plan) -> tuple[tuple, tuple]:
-    """(core layers, GGUF layers) in ``plan``'s regions of ``model`` that may carry a patched
+def _layers(model, plan) -> tuple[tuple, tuple, tuple]:
+    """(core layers, GGUF layers, dynamic-VRAM candidates) in ``plan``'s regions of ``model`` that may carry a patched
     fetch, as weak references. Cached per model and plan (found again when one is gone): a
     region module replaced later is not routed, which costs recompiles, never correctness."""
     per_plan = _LAYERS.get(model)
@@ -115,7 +119,7 @@ def _layers(model, plan) -> tuple[tuple, tuple]:
         per_plan = _LAYERS[model] = {}
     got = per_plan.get(id(plan))
     if got is None or got[0] is not plan:
-        core, gguf = [], []
+        core, gguf, streamed = [], [], []
         for region in plan.modules(model):
             for m in region.modules():
                 if _is_gguf(m):
@@ -123,10 +127,12 @@ def _layers(model, plan) -> tuple[tuple, tuple]:
                         gguf.append(weakref.ref(m))
                 elif hasattr(m, "weight_function"):
                     core.append(weakref.ref(m))
+                    if dynamic_fetch.candidate(m):
+                        streamed.append(weakref.ref(m))
         if len(per_plan) >= 4:  # plans of Apply nodes gone since
             per_plan.clear()
-        got = per_plan[id(plan)] = (plan, tuple(core), tuple(gguf))
-    return got[1], got[2]
+        got = per_plan[id(plan)] = (plan, tuple(core), tuple(gguf), tuple(streamed))
+    return got[1:]
 
 
 def _swaps(model, plan) -> list[tuple[torch.nn.Module, str, object]]:
@@ -143,14 +149,15 @@ class _Gone(Exception):
     pass
 
 
-def _patched(core: tuple, gguf: tuple) -> list[tuple[torch.nn.Module, str, object]]:
-    out = []
+def _patched(core: tuple, gguf: tuple, streamed: tuple) -> list[tuple[torch.nn.Module, str, object]]:
+    out = _streamed(streamed)
+    fetched = {id(m) for m, _, _ in out}  # (their LoRA is applied inside the fetch)
     for ref in core:
         m = ref()
         if m is None:
             raise _Gone
         d = m.__dict__
-        if d.get("weight_function") or d.get("bias_function"):
+        if id(m) not in fetched and (d.get("weight_function") or d.get("bias_function")):
             for name in _FUNCS:
                 funcs = d.get(name)
                 if (id(m), name) in _HELD:  # routed by another holder: join it
@@ -170,6 +177,23 @@ def _patched(core: tuple, gguf: tuple) -> list[tuple[torch.nn.Module, str, objec
     return out
 
 
+def _streamed(streamed: tuple) -> list[tuple[torch.nn.Module, str, object]]:
+    """The dynamic-VRAM layers' stand-ins (``dynamic_fetch``), for layers streamed now."""
+    out = []
+    for ref in streamed:
+        m = ref()
+        if m is None:
+            raise _Gone
+        if (id(m), _FORWARD) in _HELD:
+            out.append((m, _FORWARD, None))
+        elif dynamic_fetch.is_streamed(m):
+            out.append((m, _FORWARD, dynamic_fetch.stand_in(m)))
+    return out
+
+
+_FORWARD = "forward_comfy_cast_weights"
+
+
 def _routable(f) -> bool:
     """A LowVramPatch that keeps the weight's dtype (0.3.75's fp8 convert/set functions do not)."""
     return (getattr(f, "is_lowvram_patch", False) or type(f).__name__ == "LowVramPatch") \
@@ -181,20 +205,27 @@ def routed(model, plan) -> Iterator[bool]:
     """Inside the block, patched weight fetches in the regions of ``model`` that ``plan``
     (``compile_core.plan.regions.RegionPlan``) compiles go through the op. Yields whether any did.
     Where this torch cannot (no opaque objects), nothing changes and one line says why a LoRA
-    strength change recompiles here."""
-    weight_fetch.register()  # (once) before a saved region that calls the op is loaded
+    strength change recompiles here. Dynamic-VRAM layers go through ``tcs::layer_fetch``
+    (``dynamic_fetch``)."""
+    weight_fetch.register()  # (once) before a saved region that calls the ops is loaded
+    layer_fetch.register()
     try:
         swaps = _swaps(model, plan)
     except Exception as exc:  # noqa: BLE001 - an optimisation: the run goes on as before
         log.warn_once("weight-routing", "LoRA weights are traced as before (a strength change "
                       "recompiles): %s: %s", type(exc).__name__, exc)
         swaps = []
-    if swaps and not weight_fetch.available():
+    lora = [s for s in swaps if s[1] != _FORWARD]
+    streamed = [s for s in swaps if s[1] == _FORWARD]
+    if lora and not weight_fetch.available():
         log.info_once("lora-recompiles", "torch %s cannot pass an opaque object to a custom op "
                       "(torch._library.opaque_object), so a LoRA's strength stays a traced constant "
                       "under partial loading and GGUF: each new strength recompiles (output stays "
                       "correct)", torch.__version__)
-        swaps = []
+        lora = []
+    if streamed and not layer_fetch.available():
+        streamed = []  # (dynamic_vram reloads the clone without dynamic VRAM then)
+    swaps = streamed + lora
     held = _hold(swaps)
     try:
         yield bool(swaps)

@@ -51,5 +51,6 @@ def status_payload(compiled, node_id: str | None = None) -> dict:
         "shared_cache": "hit" if e.fleet_hit else ("miss" if e.fleet_checked else "off"),
         "background": getattr(compiled.settings, "background_compile", False),
         "swapped_at": getattr(compiled, "swapped_at", None),  # model call a background compile began
+        "memory": getattr(compiled, "memory_path", None),  # the dynamic VRAM path, where the model had it
         **e.measurement,
     }

@@ -48,6 +48,8 @@ class _Eager:
 class CompiledModel:
     """One Apply's compiled model: its shared ``state`` and its routes."""
 
+    memory_path: str | None = None  # the host's memory path for it (ComfyUI's dynamic VRAM), for the badge
+
     def __init__(self, state: ModelState):
         self.state = state
         self.background = Background(state)

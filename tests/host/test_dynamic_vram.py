@@ -17,8 +17,8 @@ On ComfyUI without dynamic VRAM (0.3.75) the dynamic tests skip; the plain-model
 """
 import pytest
 
-from harness import (COMFY_DIR, HOST_VERSION, counters_delta, fallback_lines, new_graphs, pack_lines,
-                     rel_l2, settings_inputs, wan_t2v_prompt)
+from harness import (COMFY_DIR, HOST_VERSION, ComfyHost, counters_delta, fallback_lines, new_graphs,
+                     pack_lines, rel_l2, settings_inputs, wan_t2v_prompt)
 
 HAS_DYNAMIC_VRAM = "class ModelPatcherDynamic" in (COMFY_DIR / "comfy" / "model_patcher.py").read_text()
 needs_dynamic_vram = pytest.mark.skipif(
@@ -157,3 +157,40 @@ def test_plain_model_gets_a_plain_clone_and_no_dynamic_vram_line(host, tiny_wan)
     assert "torch_compile_speed" in out["digest"]["wrappers"]["apply_model"]
     log = host.log_text(since=offset)
     assert not pack_lines(log, "dynamic VRAM"), log
+
+
+FETCHED = "dynamic VRAM stays on for the compiled"
+
+
+@pytest.fixture(scope="module")
+def fetch_host(tmp_path_factory, tiny_wan_path):
+    """A server with ``TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH=1``: compiled clones keep dynamic VRAM."""
+    with ComfyHost(tmp_path_factory.mktemp("fetch_host"), models=[tiny_wan_path],
+                   env={"TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH": "1"}) as h:
+        yield h
+
+
+@needs_dynamic_vram
+def test_with_the_fetch_switch_a_dynamic_model_keeps_its_model_and_samples_like_eager(fetch_host, tiny_wan):
+    """The compiled clone is a plain clone of the dynamic patcher (the same model, no reload, no
+    second copy in RAM), the log and the badge say which memory path runs, and it samples like
+    eager. (On a CPU no layer is streamed through comfy-aimdo, so ``tcs::layer_fetch`` itself is
+    covered by tests/unit/test_dynamic_fetch.py and the GPU check.)"""
+    host = fetch_host
+    eager = host.latent(host.run(wan_t2v_prompt(tiny_wan, apply=False, prefix="fetch_eager")))
+    offset = host.log_offset()
+    hist, log = host.run_compiled(lambda: wan_t2v_prompt(
+        tiny_wan, compile_settings=FAST, prefix="fetch_compiled", extra_nodes={
+            "loader": dynamic_loader(tiny_wan),
+            "info_in": info_node(("loader", 0), "input", after=("sampler", 0)),
+            "info_out": info_node(("apply", 0), "compiled", after=("sampler", 0))}))
+    src, out = info(host, hist, "info_in"), info(host, hist, "info_out")
+    assert src["class"] == "ModelPatcherDynamic"
+    assert out["model_id"] == src["model_id"] and out["parent_id"] == src["patcher_id"]
+    assert "torch_compile_speed" in out["digest"]["wrappers"]["apply_model"]
+    kept = pack_lines(log, FETCHED)
+    assert len(kept) == 1 and "tcs::layer_fetch" in kept[0], log
+    assert not pack_lines(log, TURNED_OFF) and not fallback_lines(log), log
+    assert pack_lines(log, "compiled WanAttentionBlock x2"), log
+    assert host.probe(hist)["pack_status"]["memory"] == "dynamic VRAM, weights fetched in the graph"
+    assert rel_l2(host.latent(hist), eager) < 1e-3

@@ -134,6 +134,7 @@ function badgeFor(status) {
   }
   const detail = [status.backend, status.mode].filter(Boolean).join(" / ");
   if (detail) lines.push(detail);
+  if (status.memory) lines.push(status.memory);
   return { color: st.color, lines, reason };
 }
 

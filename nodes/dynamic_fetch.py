@@ -1,0 +1,103 @@
+"""A compiled block's ComfyUI layers under dynamic VRAM fetch their weights through
+``tcs::layer_fetch`` (``compile_core.torch_support.layer_fetch``), so the block traces as one
+graph while comfy-aimdo keeps managing its weights.
+
+A dynamic-VRAM layer (one with comfy-aimdo's ``_v``) computes in ``forward_comfy_cast_weights``:
+``CastBiasWeightContext`` fetches its weight and bias through ctypes calls dynamo cannot trace.
+For the duration of a compiled run, ``stand_in(layer)`` takes that method's place on the layer
+(an instance attribute, swapped by ``weight_routing``): the weights come from the op, whose
+eager fetch runs the layer's own ``CastBiasWeightContext`` (found in the globals of the layer's
+method, so it is exactly what ComfyUI would run) and copies what it gives before the context
+releases it; then the layer's computation (``F.linear``, ``_conv_forward``, the norms) runs on
+them, as in ComfyUI's method. A LoRA, applied inside the fetch, is data: a new strength never
+recompiles. Layer classes outside ``_COMPUTE`` (or a call with arguments the stand-in does not
+know) run ComfyUI's method, traced as before.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from ..compile_core.torch_support import layer_fetch
+
+
+def _linear(m, x, w, b, **kw):
+    return F.linear(x, w, b)
+
+
+def _conv(m, x, w, b, **kw):
+    return m._conv_forward(x, w, b, **kw)
+
+
+def _layer_norm(m, x, w, b, **kw):
+    return F.layer_norm(x, m.normalized_shape, w, b, m.eps)
+
+
+def _rms_norm(m, x, w, b, **kw):
+    return F.rms_norm(x, m.normalized_shape, w, m.eps)
+
+
+def _group_norm(m, x, w, b, **kw):
+    return F.group_norm(x, m.num_groups, w, b, m.eps)
+
+
+# ComfyUI's op class (comfy/ops.py) -> its forward_comfy_cast_weights' computation, and the
+# keyword arguments it passes on
+_COMPUTE = {"Linear": (_linear, ()), "Conv1d": (_conv, ("autopad",)), "Conv2d": (_conv, ("autopad",)),
+            "Conv3d": (_conv, ("autopad",)), "LayerNorm": (_layer_norm, ()), "RMSNorm": (_rms_norm, ()),
+            "GroupNorm": (_group_norm, ())}
+_STAND_INS: "weakref.WeakKeyDictionary[torch.nn.Module, _FetchedForward]" = weakref.WeakKeyDictionary()
+
+
+def _comfy_method(m):
+    """``(computation, keywords, CastBiasWeightContext)`` when ``m``'s class computes with one of
+    ComfyUI's own ``forward_comfy_cast_weights`` in ``_COMPUTE``, else None."""
+    fn = getattr(type(m), "forward_comfy_cast_weights", None)
+    parts = getattr(fn, "__qualname__", "").split(".")
+    ctx = getattr(fn, "__globals__", {}).get("CastBiasWeightContext")
+    if getattr(fn, "__module__", None) != "comfy.ops" or len(parts) < 2 or parts[-2] not in _COMPUTE or ctx is None:
+        return None
+    return (*_COMPUTE[parts[-2]], ctx)
+
+
+def candidate(m) -> bool:
+    """``m`` is a ComfyUI layer whose weighted computation the stand-in can take over."""
+    return getattr(m, "weight", None) is not None and _comfy_method(m) is not None
+
+
+def is_streamed(m) -> bool:
+    """``m`` fetches its weights through comfy-aimdo now (dynamic VRAM gave it a vbar)."""
+    return "_v" in m.__dict__
+
+
+class _FetchedForward:
+    """Stands in for one layer's ``forward_comfy_cast_weights`` (called as ``(input, **kw)``)."""
+
+    def __init__(self, m, compute, keywords, ctx):
+        live = weakref.ref(m)
+        self.layer, self.compute, self.keywords = live, compute, keywords
+        self.weight_shape = tuple(m.weight.shape)
+        self.bias_shape = tuple(m.bias.shape) if getattr(m, "bias", None) is not None else ()
+        self.original = type(m).forward_comfy_cast_weights
+
+        def fetch(x):
+            with ctx(live(), x, offloadable=True) as (w, b):
+                return [w.clone()] + ([b.clone()] if b is not None else [])
+        self.key = layer_fetch.LayerKey(fetch)
+
+    def __call__(self, input, *args, **kwargs):
+        m = self.layer()
+        if args or not isinstance(input, torch.Tensor) or any(k not in self.keywords for k in kwargs):
+            return self.original(m, input, *args, **kwargs)
+        w, *rest = layer_fetch.fetch(self.key, input, self.weight_shape, self.bias_shape)
+        return self.compute(m, input, w, rest[0] if rest else None, **kwargs)
+
+
+def stand_in(m) -> _FetchedForward:
+    """The cached stand-in of layer ``m`` (``candidate(m)`` must be true)."""
+    got = _STAND_INS.get(m)
+    if got is None:
+        got = _STAND_INS[m] = _FetchedForward(m, *_comfy_method(m))
+    return got
