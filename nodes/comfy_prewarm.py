@@ -62,4 +62,5 @@ def _start_prewarm() -> None:
             manifest["isa_dir"] = str(filled[0]) if filled and device.type == "cpu" else None
         return manifest
 
-    prewarm.start(cache.root if cache else None, from_fleet if fleet and cache else None)
+    prewarm.start(cache.root if cache else None, from_fleet if fleet and cache else None,
+                  quiet=lambda: not comfy.model_management.current_loaded_models)

@@ -133,6 +133,42 @@ def test_one_warm_up_per_process_warms_the_base_and_replays_a_manifest_if_there_
                                                 "probed": False, "replayed": False}
 
 
+def test_start_up_objects_are_frozen_while_quiet_and_what_comes_later_is_still_collected():
+    """In a child process (a freeze is for the process's life): with ``quiet`` true the objects
+    alive after the warm-up leave the collector's reach, so a full collection walks far fewer;
+    a model made later, in a reference cycle, is still collected when it is dropped. With
+    ``quiet`` false (a model is loaded) nothing is frozen."""
+    code = """
+        import gc, json, time, weakref
+        import torch
+        from compile_core.cache import prewarm
+
+        def full_collection_objects():
+            return len(gc.get_objects())
+        before = full_collection_objects()
+        prewarm.start(None, quiet=lambda: QUIET)
+        prewarm.wait(finish=True)
+        frozen, after = gc.get_freeze_count(), full_collection_objects()
+
+        class Model(torch.nn.Module):  # a model with a cycle, as a patcher and its wrappers make
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(4, 4)
+                self.me = self
+        model = Model()
+        gone = weakref.ref(model)
+        del model
+        gc.collect()
+        print(json.dumps({"frozen": frozen, "before": before, "after": after,
+                          "model_collected": gone() is None}))
+    """
+    quiet = _child(code.replace("QUIET", "True"))
+    assert quiet["frozen"] > 100_000 and quiet["after"] < quiet["before"] / 5, quiet
+    assert quiet["model_collected"]
+    loaded = _child(code.replace("QUIET", "False"))
+    assert loaded["frozen"] == 0 and loaded["model_collected"], loaded
+
+
 def test_the_start_up_probes_come_first_and_a_prompt_waits_for_them(monkeypatch, tmp_path):
     """The probes compile on the warm-up thread and nothing may run compiled code beside them
     (a deadlock of dynamo's compile lock and logging's lock; see prewarm). FAKE probes
