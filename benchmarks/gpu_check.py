@@ -82,7 +82,8 @@ def bench_summary(raw: dict) -> dict:
     cfg = raw.get("config", {})
     return {"latent": cfg.get("latent"), "tokens": cfg.get("tokens"), "blocks": cfg.get("blocks"),
             "model": cfg.get("model_desc"), "eager": row("eager"), "core": row("torch-compile-whole"),
-            "defaults": row("ours-regional"), "defaults_background": background_row(variants)}
+            "defaults": row("ours-regional"), "defaults_background": background_row(variants),
+            "defaults_restart_lines": variants.get("ours-regional", {}).get("restart", {}).get("pack_lines")}
 
 
 def background_row(variants: dict) -> dict:
@@ -173,6 +174,9 @@ def write_md(res: dict, path: Path) -> None:
               f"(eager while the worker compiles), compiled graphs from model call {bg.get('swapped_at_call')}, "
               f"{fmt(bg.get('compiled_from_s'))} s after the first call started; steady "
               f"{fmt(bg.get('steady_ms'))} ms" + (f"; failed: {bg['failed']}" if bg.get("failed") else "")]
+    if b.get("defaults_restart_lines"):
+        L += ["", "The defaults' first call after a restart, the pack's lines (seconds from the call's start):", ""]
+        L += [f"    {line}" for line in b["defaults_restart_lines"]]
     path.write_text("\n".join(L) + "\n")
 
 

@@ -11,7 +11,10 @@ T2V model written here (``--model plain``: same block layout, parameter names an
 arguments ``x, e, freqs, context`` as ComfyUI's, so the engine plans it the same way).
 
 Every variant runs in its own fresh process with empty inductor/Triton cache dirs (cold compile),
-then again in a new process on the same dirs (first call after a restart). Figures:
+then again in a new process on the same dirs (first call after a restart). Before the timed
+calls, every compiled variant runs the pack's start-up warm-up (the compiler import and the
+feature probes), untimed, as a ComfyUI server with the pack does before its first prompt.
+Figures:
 
 - first call s: the first forward, compile included (cold), CUDA-synchronised;
 - restart first call s: the same in a new process with the caches kept;
@@ -221,10 +224,19 @@ def worker(args) -> dict:
         return model(x, timestep, context)
 
     info = {"variant": args.worker, "model_class": f"{type(model).__module__}.{type(model).__name__}"}
+    if args.worker != "eager":
+        # a ComfyUI server with this pack imports torch's compiler and runs the pack's feature
+        # probes at start-up, before its first prompt (compile_core/cache/prewarm.py): every
+        # compiled variant gets the same, untimed, as the CPU benchmarks' servers do
+        sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
+        from compile_core.cache import prewarm
+        t0 = time.perf_counter()
+        prewarm.warm_probes()
+        prewarm.warm_base()
+        info["startup_warmup_s"] = time.perf_counter() - t0
     if args.worker == "eager":
         call = forward
     elif args.worker in ("ours-regional", "ours-whole", "ours-background"):
-        sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
         from compile_core.run import engine
         from compile_core.cache.persist import PersistentCache
         from compile_core.plan.settings import CompileSettings, build_compile_args
@@ -260,10 +272,13 @@ def worker(args) -> dict:
         sync()
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(device)
+        profile = _first_call_profiler(args)
         t0 = time.perf_counter()
         out = call()
         sync()
         info["first_call_s"] = time.perf_counter() - t0
+        if profile is not None:
+            info["first_call_profile"] = _profile_top(profile)
         # where the first call's time went: torch's compile phases and the pack's lines (seconds
         # from the call's start)
         info["compile_times"] = _compile_times()
@@ -297,6 +312,26 @@ def worker(args) -> dict:
     info["output_finite"] = bool(torch.isfinite(out).all())
     torch.save(out.float().cpu(), args.save_output)
     return info
+
+
+def _first_call_profiler(args):
+    """With ``--profile-first-call``: a running cProfile for the first call (it slows that call)."""
+    if not args.profile_first_call:
+        return None
+    import cProfile
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
+
+
+def _profile_top(profile, n: int = 30) -> list[str]:
+    """The ``n`` functions with the most cumulative time in ``profile`` (stopped here)."""
+    import io
+    import pstats
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(n)
+    return [line for line in text.getvalue().splitlines() if line.strip()][-n:]
 
 
 def _record_pack_lines() -> list:
@@ -372,7 +407,8 @@ def run_variant(args, variant: str, cache: Path, out_file: Path, phase: str) -> 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--save-output", str(out_file),
            "--model", args.model, "--blocks", str(args.blocks), "--latent", *map(str, args.latent),
            "--warmup", str(args.warmup), "--iters", str(args.iters), "--backend", args.backend,
-           "--mode", args.mode, "--device", args.device, "--dtype", args.dtype]
+           "--mode", args.mode, "--device", args.device, "--dtype", args.dtype,
+           *(["--profile-first-call"] if args.profile_first_call else [])]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
            "TRITON_CACHE_DIR": str(cache / "triton"), "TORCH_COMPILE_SPEED_CACHE_DIR": str(cache / "tcs")}
     t = time.perf_counter()
@@ -428,7 +464,8 @@ def write_md(res: dict, path: Path) -> None:
             v, num(c.get("first_call_s"), ".2f"), num(w.get("first_call_s"), ".2f"), num(med, ".2f"),
             num(med / base if base else None, ".3f"), num(c.get("peak_gb_first_call"), ".2f"),
             num(c.get("peak_gb_steady"), ".2f"), num(r.get("rel_l2_vs_eager"), ".1e")]) + " |")
-    L += ["", "First call = compile (dynamo + inductor + Triton autotune/compile) plus one forward; "
+    L += ["", "First call = compile (dynamo + inductor + Triton autotune/compile) plus one forward, after "
+          "the pack's start-up warm-up (compiler import, feature probes; untimed, every compiled variant); "
           "'after restart' is a new process with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR "
           "(and, for ours, the same persistent cache with its saved regions). "
           "Steady = CUDA-event time of one forward after warm-up. ours-regional is "
@@ -458,6 +495,8 @@ def main() -> int:
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--mode", default="speed", help="the pack's mode (default: the settings node's, speed)")
     ap.add_argument("--no-restart", action="store_true", help="skip the warm-cache restart pass")
+    ap.add_argument("--profile-first-call", action="store_true",
+                    help="cProfile each process's first call (slows it; the top functions go into the JSON)")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # 'cpu' only to debug the script
     ap.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(RESULTS), help="results path without suffix")
