@@ -242,15 +242,7 @@ def warm(manifest: dict) -> dict:
         except Exception:  # noqa: BLE001 - only an optimisation
             isa = None
     try:
-        from torch._dynamo import funcname_cache
-        for path in manifest.get("files", []):
-            if _stop.is_set():
-                break
-            if path not in funcname_cache.cache and os.path.isfile(path):
-                funcname_cache.get_funcname(path, 0)  # tokenizes the file, runs nothing
-                indexed += 1
-        from torch._inductor.codecache import torch_key
-        torch_key()
+        indexed += index_sources(manifest.get("files", []))
     except Exception as exc:  # noqa: BLE001 - only an optimisation
         log.info("compiler prewarm stopped early: %s", exc)
     for name in manifest.get("modules", []):  # in import order: what a cache hit needs comes
@@ -293,14 +285,35 @@ def warm_probes() -> float:
 
 def warm_base() -> float:
     """Torch's compile entry, what any first compile in a new process pays before its own work:
-    ``torch.compile`` with inductor imports ``torch._inductor.compile_fx`` (0.7-1.3 s here).
-    An import only: it compiles nothing, so it may run beside a prompt. Returns the seconds."""
+    ``torch.compile`` with inductor imports ``torch._inductor.compile_fx`` (0.7-1.3 s here),
+    inductor hashes torch's sources, and dynamo indexes the torch.nn sources nearly every model
+    runs through. It compiles nothing, so it may run beside a prompt. Returns the seconds."""
     start = time.perf_counter()
     try:
         import torch._inductor.compile_fx  # noqa: F401
+        from torch._inductor.codecache import torch_key
+        torch_key()  # torch's hash of its own sources (every inductor cache key has it)
+        import torch
+        nn = torch.nn.modules
+        index_sources([m.__file__ for m in (nn.module, torch.nn.functional, nn.linear, nn.normalization, nn.conv)])
     except Exception as exc:  # noqa: BLE001 - only an optimisation: the compile does it itself
         log.info("compiler prewarm stopped early: %s", exc)
     return time.perf_counter() - start
+
+
+def index_sources(paths: list[str]) -> int:
+    """Dynamo's index of each source file (``funcname_cache``: it tokenizes whole files, and
+    runs nothing) not indexed yet; stops when a compile starts. Returns how many it indexed.
+    Done by a compile's first trace otherwise, in one stretch without a pause point."""
+    from torch._dynamo import funcname_cache
+    indexed = 0
+    for path in paths:
+        if _stop.is_set():
+            break
+        if path not in funcname_cache.cache and os.path.isfile(path):
+            funcname_cache.get_funcname(path, 0)
+            indexed += 1
+    return indexed
 
 
 def probes_done(timeout: float) -> bool:
