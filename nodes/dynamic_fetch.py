@@ -20,7 +20,16 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from ..compile_core.plan import switches
 from ..compile_core.torch_support import layer_fetch
+
+FETCH_ENV = "TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH"
+
+
+def enabled() -> bool:
+    """The operator chose weights fetched in the graph under dynamic VRAM (``FETCH_ENV``, off by
+    default) and this torch can: compiled clones stay dynamic and their layers are routed."""
+    return switches.switch(FETCH_ENV, False) and layer_fetch.available()
 
 
 def _linear(m, x, w, b, **kw):

@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from ..compile_core.plan import switches
 from ..compile_core.report import log
-from ..compile_core.torch_support import layer_fetch
-
-FETCH_ENV = "TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH"
+from . import dynamic_fetch
 
 
 def is_dynamic(model_patcher) -> bool:
@@ -41,13 +38,14 @@ def is_dynamic(model_patcher) -> bool:
 def compile_clone(model_patcher):
     """``(clone, memory)``: the clone that gets the compile wrapper and the memory path it runs
     (None for a model without dynamic VRAM). A plain ``clone()``; for a dynamic patcher a
-    non-dynamic reload with the model's dtypes (module docstring), or with ``FETCH_ENV`` on a
-    dynamic clone whose weights are fetched in the graph. If the model cannot be reloaded (a
-    loader without ``cached_patcher_init``), the clone stays dynamic, with a warning."""
+    non-dynamic reload with the model's dtypes (module docstring), or with
+    ``dynamic_fetch.FETCH_ENV`` on a dynamic clone whose weights are fetched in the graph. If
+    the model cannot be reloaded (a loader without ``cached_patcher_init``), the clone stays
+    dynamic, with a warning."""
     if not is_dynamic(model_patcher):
         return model_patcher.clone(), None
     name = type(getattr(model_patcher, "model", None)).__name__
-    if switches.switch(FETCH_ENV, False) and layer_fetch.available():
+    if dynamic_fetch.enabled():
         log.info("dynamic VRAM stays on for the compiled %s: each compiled layer fetches its "
                  "weights through comfy-aimdo inside one op (tcs::layer_fetch), so its blocks "
                  "trace without graph breaks", name)

@@ -150,7 +150,7 @@ class _Gone(Exception):
 
 
 def _patched(core: tuple, gguf: tuple, streamed: tuple) -> list[tuple[torch.nn.Module, str, object]]:
-    out = _streamed(streamed)
+    out = _streamed(streamed) if dynamic_fetch.enabled() else []
     fetched = {id(m) for m, _, _ in out}  # (their LoRA is applied inside the fetch)
     for ref in core:
         m = ref()
@@ -215,17 +215,12 @@ def routed(model, plan) -> Iterator[bool]:
         log.warn_once("weight-routing", "LoRA weights are traced as before (a strength change "
                       "recompiles): %s: %s", type(exc).__name__, exc)
         swaps = []
-    lora = [s for s in swaps if s[1] != _FORWARD]
-    streamed = [s for s in swaps if s[1] == _FORWARD]
-    if lora and not weight_fetch.available():
+    if any(s[1] != _FORWARD for s in swaps) and not weight_fetch.available():
         log.info_once("lora-recompiles", "torch %s cannot pass an opaque object to a custom op "
                       "(torch._library.opaque_object), so a LoRA's strength stays a traced constant "
                       "under partial loading and GGUF: each new strength recompiles (output stays "
                       "correct)", torch.__version__)
-        lora = []
-    if streamed and not layer_fetch.available():
-        streamed = []  # (dynamic_vram reloads the clone without dynamic VRAM then)
-    swaps = streamed + lora
+        swaps = [s for s in swaps if s[1] == _FORWARD]  # (dynamic_fetch checked its own op)
     held = _hold(swaps)
     try:
         yield bool(swaps)

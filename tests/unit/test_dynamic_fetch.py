@@ -86,9 +86,11 @@ def ops(monkeypatch):
 
 
 @pytest.fixture
-def fetch_op():
+def fetch_op(monkeypatch):
+    """The op, with the operator's switch on (``TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH=1``)."""
     if not layer_fetch.available():
         pytest.skip(f"tcs::layer_fetch does not work on torch {torch.__version__}")
+    monkeypatch.setenv("TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH", "1")
     return layer_fetch
 
 
@@ -188,10 +190,16 @@ def test_without_the_routing_the_fetch_splits_the_graph(ops, fresh_code):
     assert explained.break_reasons or explained.graph_count == 0, explained
 
 
-def test_layers_not_streamed_and_other_classes_are_left_alone(ops, fresh_code, fetch_op, routing):
+def test_layers_not_streamed_and_other_classes_are_left_alone(ops, fresh_code, fetch_op, routing, monkeypatch):
     model = _model(ops, fresh_code, streamed=False)
     with routing.routed(model, _Plan()) as routed:
         assert not routed and "forward_comfy_cast_weights" not in model.blocks[0].a.__dict__
+    # streamed layers with the switch off (the default, and a dynamic clone that could not be
+    # reloaded): ComfyUI's method, traced as before
+    monkeypatch.setenv("TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH", "0")
+    streamed = _model(ops, fresh_code)
+    with routing.routed(streamed, _Plan()) as routed:
+        assert not routed and "forward_comfy_cast_weights" not in streamed.blocks[0].a.__dict__
 
     class Scaled(ops.disable_weight_init.Linear):  # an fp8-style subclass: its own method
         def forward_comfy_cast_weights(self, input):
