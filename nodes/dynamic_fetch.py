@@ -4,8 +4,8 @@ graph while comfy-aimdo keeps managing its weights.
 
 A dynamic-VRAM layer (one with comfy-aimdo's ``_v``) computes in ``forward_comfy_cast_weights``:
 ``CastBiasWeightContext`` fetches its weight and bias through ctypes calls dynamo cannot trace.
-For the duration of a compiled run, ``stand_in(layer)`` takes that method's place on the layer
-(an instance attribute, swapped by ``weight_routing``): the weights come from the op, whose
+For the duration of a compiled run, a stand-in (``stand_in(layer)``) takes that method's place
+on the layer (an instance attribute, swapped by ``weight_routing``): the weights come from the op, whose
 eager fetch runs the layer's own ``CastBiasWeightContext`` (found in the globals of the layer's
 method, so it is exactly what ComfyUI would run) and copies what it gives before the context
 releases it; then the layer's computation (``F.linear``, ``_conv_forward``, the norms) runs on
@@ -57,7 +57,7 @@ def _group_norm(m, x, w, b, **kw):
 _COMPUTE = {"Linear": (_linear, ()), "Conv1d": (_conv, ("autopad",)), "Conv2d": (_conv, ("autopad",)),
             "Conv3d": (_conv, ("autopad",)), "LayerNorm": (_layer_norm, ()), "RMSNorm": (_rms_norm, ()),
             "GroupNorm": (_group_norm, ())}
-_STAND_INS: "weakref.WeakKeyDictionary[torch.nn.Module, _FetchedForward]" = weakref.WeakKeyDictionary()
+_SHARED: "weakref.WeakKeyDictionary[torch.nn.Module, _Fetch]" = weakref.WeakKeyDictionary()
 
 
 def _comfy_method(m):
@@ -81,12 +81,13 @@ def is_streamed(m) -> bool:
     return "_v" in m.__dict__
 
 
-class _FetchedForward:
-    """Stands in for one layer's ``forward_comfy_cast_weights`` (called as ``(input, **kw)``)."""
+class _Fetch:
+    """What a layer's stand-ins share, cached per layer (holds no strong reference to it): its
+    registered fetch (``LayerKey``), weight and bias shapes, and computation."""
 
     def __init__(self, m, compute, keywords, ctx):
         live = weakref.ref(m)
-        self.layer, self.compute, self.keywords = live, compute, keywords
+        self.compute, self.keywords = compute, keywords
         self.weight_shape = tuple(m.weight.shape)
         self.bias_shape = tuple(m.bias.shape) if getattr(m, "bias", None) is not None else ()
         self.original = type(m).forward_comfy_cast_weights
@@ -96,17 +97,29 @@ class _FetchedForward:
                 return [w.clone()] + ([b.clone()] if b is not None else [])
         self.key = layer_fetch.LayerKey(fetch)
 
+
+class _FetchedForward:
+    """Stands in for one layer's ``forward_comfy_cast_weights`` (called as ``(input, **kw)``)
+    while the routing holds it. It refers to its layer strongly: torch cannot save the type
+    guard of a weak reference, so a region traced through one would never be saved. The
+    routing drops it when the run ends, so it keeps no model alive."""
+
+    def __init__(self, m, shared: _Fetch):
+        self.layer, self.shared = m, shared
+        self.key, self.compute = shared.key, shared.compute
+        self.weight_shape, self.bias_shape = shared.weight_shape, shared.bias_shape
+
     def __call__(self, input, *args, **kwargs):
-        m = self.layer()
-        if args or not isinstance(input, torch.Tensor) or any(k not in self.keywords for k in kwargs):
-            return self.original(m, input, *args, **kwargs)
+        m = self.layer
+        if args or not isinstance(input, torch.Tensor) or any(k not in self.shared.keywords for k in kwargs):
+            return self.shared.original(m, input, *args, **kwargs)
         w, *rest = layer_fetch.fetch(self.key, input, self.weight_shape, self.bias_shape)
         return self.compute(m, input, w, rest[0] if rest else None, **kwargs)
 
 
 def stand_in(m) -> _FetchedForward:
-    """The cached stand-in of layer ``m`` (``candidate(m)`` must be true)."""
-    got = _STAND_INS.get(m)
-    if got is None:
-        got = _STAND_INS[m] = _FetchedForward(m, *_comfy_method(m))
-    return got
+    """A new stand-in for layer ``m`` (``candidate(m)`` must be true), on its cached fetch."""
+    shared = _SHARED.get(m)
+    if shared is None:
+        shared = _SHARED[m] = _Fetch(m, *_comfy_method(m))
+    return _FetchedForward(m, shared)

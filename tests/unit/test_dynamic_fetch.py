@@ -12,14 +12,19 @@ layer's ``weight_function`` (LoRA) applied, and a release on exit that counts.""
 from __future__ import annotations
 
 import ctypes
+import gc
+import json
+import subprocess
 import sys
 import textwrap
 import types
+import weakref
+from pathlib import Path
 
 import pytest
 import torch
 
-from compile_core.torch_support import layer_fetch, scoped
+from compile_core.torch_support import aot, layer_fetch, scoped
 from test_weight_fetch import LowVramPatch, fresh_fn, routing  # noqa: F401 - fixture
 
 _libc = ctypes.CDLL(None)
@@ -77,9 +82,15 @@ FAKE_COMFY_OPS = textwrap.dedent('''
 def ops(monkeypatch):
     """The FAKE ``comfy.ops`` module, in sys.modules while the test runs (dynamo imports a traced
     function's module by name)."""
-    monkeypatch.setitem(sys.modules, "comfy", types.ModuleType("comfy"))
+    return install_fake_ops(monkeypatch.setitem)
+
+
+def install_fake_ops(setitem):
+    """``ops``' work, with ``setitem(sys.modules, name, module)`` (a monkeypatch's, or a plain one
+    in a child process)."""
+    setitem(sys.modules, "comfy", types.ModuleType("comfy"))
     mod = types.ModuleType("comfy.ops")
-    monkeypatch.setitem(sys.modules, "comfy.ops", mod)
+    setitem(sys.modules, "comfy.ops", mod)
     mod.FAKE_VBAR_FAULT = _libc.getpid  # FAKE stand-in for comfy-aimdo's lib.vbar_fault (a _FuncPtr)
     exec(compile(FAKE_COMFY_OPS, "<fake comfy.ops>", "exec"), mod.__dict__)
     return mod
@@ -166,6 +177,20 @@ def test_streamed_layers_compile_to_one_graph_with_eager_values_and_are_put_back
     assert {id(m): dict(m.__dict__) for m in model.modules()} == before
 
 
+def test_a_routed_model_is_freed_once_the_run_ends(ops, fresh_code, fetch_op, routing):
+    """The stand-ins refer to their layers strongly while routed; after the run nothing the
+    routing or the op's registry keeps holds the model."""
+    model, x = _model(ops, fresh_code), torch.randn(3, 8)
+    with torch.no_grad(), routing.routed(model, _Plan()) as routed:
+        _run(model, x)
+        assert routed and isinstance(model.blocks[0].a.__dict__["forward_comfy_cast_weights"].layer,
+                                     torch.nn.Module)
+    gone = [weakref.ref(m) for m in model.modules()]
+    del model
+    gc.collect()
+    assert all(ref() is None for ref in gone)
+
+
 def test_a_lora_strength_under_dynamic_vram_is_data_not_a_recompile(ops, fresh_code, fetch_op, routing):
     model, x = _model(ops, fresh_code), torch.randn(3, 8)
     count = _Count()
@@ -217,3 +242,69 @@ def test_a_fetch_of_another_shape_raises_instead_of_computing(fetch_op):
     del gone
     with pytest.raises(RuntimeError, match="is gone"):
         torch.ops.tcs.layer_fetch(tensor, torch.randn(2, 8), [8, 8], [])
+
+
+SAVED_CHILD = textwrap.dedent("""
+    import json, logging, os, sys
+    from pathlib import Path
+    logging.basicConfig(level=logging.INFO)
+    sys.path[:0] = [{root!r}, {tests!r}]
+    os.environ["TORCH_COMPILE_SPEED_DYNAMIC_VRAM_FETCH"] = {switch!r}
+    import torch
+    from torch._dynamo.utils import counters
+    import test_dynamic_fetch as t
+    from test_weight_fetch import import_routing
+    from compile_core.cache import precompiled
+    from compile_core.torch_support import scoped
+    from compile_core.plan.settings import CompileSettings, build_compile_args
+
+    def put(d, k, v):
+        d[k] = v
+    ops = t.install_fake_ops(put)
+    routing = import_routing(put, lambda d, k, raising=False: d.pop(k, None))
+    model = t._model(ops, lambda *classes: None)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_({scale})
+    settings = CompileSettings.from_args(build_compile_args(backend="inductor", mode="default",
+                                                            background_compile=False))
+    fast = precompiled.Precompiled(Path({cache!r}), settings.compile_kwargs())
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager = t._run(model, x)
+        with scoped.scoped_state(), routing.routed(model, t._Plan()) as routed:
+            fast.begin_run(list(model.blocks), x.device)
+            y = x
+            for blk in model.blocks:
+                y = fast.call(blk, (y,), {{}}, lambda: None, lambda m, *a, **k: m(*a, **k))
+    print("RESULT " + json.dumps(dict(
+        routed=routed, loaded=fast.loaded, captured=fast.captured, regular=sorted(fast.regular),
+        traced=counters["stats"]["unique_graphs"], diff=float((y - eager).abs().max()))))
+""")
+
+
+def _saved_child(cache, switch: str, scale: float) -> dict:
+    root = Path(__file__).resolve().parents[2]
+    code = SAVED_CHILD.format(root=str(root), tests=str(root / "tests" / "unit"), cache=str(cache),
+                              switch=switch, scale=scale)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return {**json.loads(line[len("RESULT "):]), "log": proc.stderr}
+
+
+@pytest.mark.slow
+def test_a_saved_region_with_fetched_weights_loads_after_a_restart_and_only_where_they_are_fetched(tmp_path):
+    """A region traced through the stand-ins is saved; a new process with other weights loads it
+    without a trace and computes its own weights (the op's key is data); a process whose layers
+    are not routed (the switch off) never runs it."""
+    if not (aot.load_compiled_function() and layer_fetch.available()):
+        pytest.skip(f"torch {torch.__version__} cannot save regions or run tcs::layer_fetch")
+    first = _saved_child(tmp_path, "1", 1.0)
+    assert first["routed"] and first["captured"] == 1 and first["diff"] < 1e-5, first
+    assert "a restart loads it without a trace" in first["log"], first["log"]
+    again = _saved_child(tmp_path, "1", 1.5)
+    assert again["routed"] and again["loaded"] == 1 and again["captured"] == 0 and again["traced"] == 0, again
+    assert again["diff"] < 1e-5, again
+    off = _saved_child(tmp_path, "0", 1.0)
+    assert not off["routed"] and off["loaded"] == 0 and off["diff"] < 1e-5, off

@@ -186,6 +186,12 @@ def test_a_pickled_ref_is_a_cache_key_and_never_a_weight(op):
 def routing(monkeypatch):
     """``nodes/weight_routing`` imported on its own (the pack's ``nodes`` package needs ComfyUI),
     with this process's ``compile_core`` as its parent's."""
+    return import_routing(monkeypatch.setitem, monkeypatch.delitem)
+
+
+def import_routing(setitem, delitem):
+    """``routing``'s work, with ``setitem(sys.modules, name, module)`` and ``delitem(sys.modules,
+    name, raising=False)`` (a monkeypatch's, or plain ones in a child process)."""
     import importlib
     import sys
     import types
@@ -201,8 +207,8 @@ def routing(monkeypatch):
     ours = {"tcs_pack." + name: mod for name, mod in list(sys.modules.items())
             if name == "compile_core" or name.startswith("compile_core.")}
     for name, mod in (("tcs_pack", pkg), ("tcs_pack.nodes", nodes), *ours.items()):
-        monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.delitem(sys.modules, "tcs_pack.nodes.weight_routing", raising=False)
+        setitem(sys.modules, name, mod)
+    delitem(sys.modules, "tcs_pack.nodes.weight_routing", raising=False)
     return importlib.import_module("tcs_pack.nodes.weight_routing")
 
 
