@@ -135,16 +135,14 @@ def _safe_to_pause(frame) -> bool:
 
 def _other_thread_in_dynamo() -> bool:
     """Another thread is inside dynamo now (compiling, or waiting for dynamo's lock, which a
-    paused compile holds)."""
-    me = threading.get_ident()
-    for ident, frame in sys._current_frames().items():
-        if ident == me:
-            continue
-        while frame is not None:
-            if frame.f_globals.get("__name__", "").startswith("torch._dynamo.convert_frame"):
-                return True
-            frame = frame.f_back
-    return False
+    paused compile holds): it holds or waits for the compile lock (``hooks.compile_lock_users``,
+    set up by ``paced``). Other threads' frames are not walked: on Python 3.11 a frame of a
+    running thread taken from ``sys._current_frames`` may be freed under the walker (a crash)."""
+    others = getattr(_in_job, "others", None)
+    return True if others is None else others(threading.get_ident())
+
+
+_in_job = threading.local()  # ``others``: the running job's ``hooks.compile_lock_users`` check
 
 
 # the processes a compile starts (inductor's C++ builds, Triton's ptxas): lowered while a job runs
@@ -165,21 +163,29 @@ class _Compilers:
             import psutil  # (ComfyUI's own dependency)
         except ImportError:
             return
-        me, done = psutil.Process(), set()
+        me, seen = psutil.Process(), set()
         while not self.stop.wait(RENICE_INTERVAL):
             try:
                 children = me.children(recursive=True)
             except psutil.Error:
                 continue
             for child in children:
-                if child.pid in done:
-                    continue
-                try:
-                    if child.name() in COMPILERS:
-                        child.nice(19 if os.name != "nt" else psutil.IDLE_PRIORITY_CLASS)
-                    done.add(child.pid)
-                except (psutil.Error, OSError):
-                    pass
+                self._lower(child, seen, psutil)
+
+    @staticmethod
+    def _lower(child, seen: set, psutil) -> None:
+        """Lowest priority for ``child`` if it is a compiler. ``seen``: the compilers lowered (a
+        psutil.Process is equal by pid and start time, so a reused pid is another process);
+        others are asked again, as a child just forked has its parent's name until it runs
+        the compiler."""
+        if child in seen:
+            return
+        try:
+            if child.name() in COMPILERS:
+                child.nice(19 if os.name != "nt" else psutil.IDLE_PRIORITY_CLASS)
+                seen.add(child)
+        except (psutil.Error, OSError):
+            pass
 
 
 @contextlib.contextmanager
@@ -188,7 +194,9 @@ def paced(job) -> Iterator[None]:
     compilers = _Compilers()
     compilers.thread.start()
     try:
-        with hooks.pause_points(_Pacer(job)):
+        with hooks.compile_lock_users() as others, hooks.pause_points(_Pacer(job)):
+            _in_job.others = others
             yield
     finally:
+        _in_job.others = None
         compilers.stop.set()

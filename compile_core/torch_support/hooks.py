@@ -1,7 +1,7 @@
 """Hooks into inductor's and dynamo's process-wide state that a compile of the pack runs under:
 where inductor builds its precompiled C++ headers, header precompiling off while built kernels
-load, the points where a background compile may pause, and a one-time fx trace run early. Each
-leaves things as it found them.
+load, the points where a background compile may pause, who else uses dynamo's compile lock, and
+a one-time fx trace run early. Each leaves things as it found them.
 """
 from __future__ import annotations
 
@@ -75,6 +75,66 @@ def _with_check(original: Callable, check: Callable[[], None], owner: int) -> Ca
             check()
         return original(*args, **kwargs)
     return method
+
+
+class _CountingLock:
+    """dynamo's compile lock (the same lock), counting the threads inside its ``with`` blocks:
+    holding it, or waiting for it."""
+
+    def __init__(self, lock):
+        self.lock, self.inside, self._mu = lock, {}, threading.Lock()
+
+    def __enter__(self):
+        me = threading.get_ident()
+        with self._mu:
+            self.inside[me] = self.inside.get(me, 0) + 1
+        try:
+            return self.lock.__enter__()
+        except BaseException:
+            self._leave(me)
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return self.lock.__exit__(*exc)
+        finally:
+            self._leave(threading.get_ident())
+
+    def _leave(self, me: int) -> None:
+        with self._mu:
+            depth = self.inside.pop(me, 1) - 1
+            if depth:
+                self.inside[me] = depth
+
+    def __getattr__(self, name):  # acquire, release, ... of the lock itself
+        return getattr(self.lock, name)
+
+    def others_inside(self, me: int) -> bool:
+        return any(ident != me for ident in list(self.inside))
+
+
+@contextlib.contextmanager
+def compile_lock_users() -> Iterator[Callable[[int], bool]]:
+    """Inside the block, dynamo's process-wide compile lock (``convert_frame.compile_lock``,
+    which every frame dynamo converts enters, and inductor's compile too) counts the threads
+    that hold it or wait for it. Yields ``others(ident)``: whether a thread other than ``ident``
+    does now. Where this torch has no such lock, ``others`` is always True (the caller must then
+    assume another thread may need dynamo). The lock is put back after."""
+    try:
+        import torch._dynamo.convert_frame as convert_frame
+    except ImportError:
+        convert_frame = None
+    lock = getattr(convert_frame, "compile_lock", None)
+    if not (callable(getattr(lock, "__enter__", None)) and callable(getattr(lock, "__exit__", None))):
+        yield lambda ident: True
+        return
+    counting = _CountingLock(lock)
+    convert_frame.compile_lock = counting
+    try:
+        yield counting.others_inside
+    finally:
+        if convert_frame.compile_lock is counting:
+            convert_frame.compile_lock = lock
 
 
 @contextlib.contextmanager
