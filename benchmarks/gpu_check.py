@@ -96,7 +96,18 @@ def background_row(variants: dict) -> dict:
         return {"error": cold["error"][-600:]}
     return {"first_call_s": cold.get("first_call_s"), "compiled_from_s": cold.get("compiled_from_s"),
             "swapped_at_call": cold.get("swapped_at_call"), "failed": cold.get("failed") or None,
-            "steady_ms": (cold.get("steady_ms") or {}).get("median"), "peak_vram_gb": cold.get("peak_gb_steady")}
+            "steady_ms": (cold.get("steady_ms") or {}).get("median"), "peak_vram_gb": cold.get("peak_gb_steady"),
+            "beside_ms": cold.get("beside_ms")}
+
+
+def _beside(bg: dict) -> str:
+    """The calls beside the compile against the steady compiled step (target: every later
+    prompt <= 1.05x the steady compiled one)."""
+    beside, steady = bg.get("beside_ms") or {}, bg.get("steady_ms")
+    if not beside or not steady:
+        return ""
+    return (f"; the {beside['n']} calls beside the compile: median {fmt(beside['median'])} ms, slowest "
+            f"{fmt(beside['max'])} ms ({fmt(beside['max'] / steady)}x the steady compiled step)")
 
 
 def environment() -> dict:
@@ -173,7 +184,7 @@ def write_md(res: dict, path: Path) -> None:
         L += ["", f"Background compile (the node's defaults as they are): first call {fmt(bg.get('first_call_s'))} s "
               f"(eager while the worker compiles), compiled graphs from model call {bg.get('swapped_at_call')}, "
               f"{fmt(bg.get('compiled_from_s'))} s after the first call started; steady "
-              f"{fmt(bg.get('steady_ms'))} ms" + (f"; failed: {bg['failed']}" if bg.get("failed") else "")]
+              f"{fmt(bg.get('steady_ms'))} ms" + _beside(bg) + (f"; failed: {bg['failed']}" if bg.get("failed") else "")]
     if b.get("defaults_restart_lines"):
         L += ["", "The defaults' first call after a restart, the pack's lines (seconds from the call's start):", ""]
         L += [f"    {line}" for line in b["defaults_restart_lines"]]

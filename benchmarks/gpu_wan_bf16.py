@@ -362,14 +362,21 @@ def _compile_times() -> str:
 
 def until_swapped(cm, call, sync, t0: float, limit_s: float = 60.0) -> dict:
     """Model calls, as a sampler makes them, until the background compile is swapped in: when
-    (seconds from the first call's start) and at which call."""
-    calls = 1
+    (seconds from the first call's start), at which call, and how long the calls beside the
+    compile took (each synchronised: median and slowest, in ms)."""
+    calls, beside = 1, []
     while cm.swapped_at is None and cm.entry.failed == "" and time.perf_counter() - t0 < limit_s:
+        start = time.perf_counter()
         call()
         sync()
+        beside.append(1000 * (time.perf_counter() - start))
         calls += 1
+    if cm.swapped_at is not None and beside:
+        beside.pop()  # (the call that swapped in ran compiled)
     return {"compiled_from_s": time.perf_counter() - t0, "swapped_at_call": cm.swapped_at,
-            "calls_until_swapped": calls, "failed": cm.entry.failed}
+            "calls_until_swapped": calls, "failed": cm.entry.failed,
+            "beside_ms": {"median": statistics.median(beside), "max": max(beside), "n": len(beside)}
+            if beside else None}
 
 
 # --------------------------------------------------------------------------- driver
@@ -476,8 +483,11 @@ def write_md(res: dict, path: Path) -> None:
           "unchanged (the compile on the background worker while the calls run eagerly)."]
     bg = res["variants"].get("ours-background", {}).get("cold", {})
     if "compiled_from_s" in bg:
+        beside = bg.get("beside_ms") or {}
         L += ["", f"ours-background: swapped in at model call {bg.get('swapped_at_call')}, "
-              f"{bg['compiled_from_s']:.2f} s after the first call started."]
+              f"{bg['compiled_from_s']:.2f} s after the first call started; the {beside.get('n')} calls "
+              f"beside the compile took {beside.get('median', float('nan')):.2f} ms (median), "
+              f"{beside.get('max', float('nan')):.2f} ms at most."]
     path.write_text("\n".join(L) + "\n")
 
 
