@@ -17,7 +17,7 @@ import torch
 import torch._dynamo.convert_frame as convert_frame
 
 from compile_core.run import pacing
-from compile_core.torch_support import hooks
+from compile_core.torch_support import hooks, scoped
 
 try:
     import psutil  # (ComfyUI's own dependency, and the tests')
@@ -33,7 +33,8 @@ def test_threads_that_hold_or_wait_for_dynamos_lock_are_counted_and_the_lock_is_
         with convert_frame.compile_lock:  # (looked up as dynamo does, at each use)
             holding.set()
             release.wait(10)
-    with hooks.compile_lock_users() as others:
+    # (torch 2.8's torch.compile() sets TORCHINDUCTOR_CACHE_DIR: the scope puts it back after)
+    with scoped.scoped_state(), hooks.compile_lock_users() as others:
         assert not others(me)
         with convert_frame.compile_lock:  # this thread itself does not count
             assert not others(me)
