@@ -106,15 +106,13 @@ class _FetchedForward:
 
     def __init__(self, m, shared: _Fetch):
         self.layer, self.shared = m, shared
-        self.key, self.compute = shared.key, shared.compute
-        self.weight_shape, self.bias_shape = shared.weight_shape, shared.bias_shape
 
     def __call__(self, input, *args, **kwargs):
-        m = self.layer
-        if args or not isinstance(input, torch.Tensor) or any(k not in self.shared.keywords for k in kwargs):
-            return self.shared.original(m, input, *args, **kwargs)
-        w, *rest = layer_fetch.fetch(self.key, input, self.weight_shape, self.bias_shape)
-        return self.compute(m, input, w, rest[0] if rest else None, **kwargs)
+        m, s = self.layer, self.shared
+        if args or not isinstance(input, torch.Tensor) or any(k not in s.keywords for k in kwargs):
+            return s.original(m, input, *args, **kwargs)
+        w, *rest = layer_fetch.fetch(s.key, input, s.weight_shape, s.bias_shape)
+        return s.compute(m, input, w, rest[0] if rest else None, **kwargs)
 
 
 def stand_in(m) -> _FetchedForward:
