@@ -445,7 +445,9 @@ def machine_info(argv) -> dict:
         "git_dirty_pack_files": dirty.splitlines(),
         "OMP_NUM_THREADS": "1 (set by ComfyHost for every server and by this script's workers)",
         "attention": "--use-pytorch-cross-attention (SDPA)",
-        "command": " ".join([_rel(sys.executable), _rel(argv[0]), *argv[1:]]),
+        "command": " ".join([*([f"TCS_COMFY_HOST={os.environ['TCS_COMFY_HOST']}"]
+                                 if os.environ.get("TCS_COMFY_HOST") else []),
+                               _rel(sys.executable), _rel(argv[0]), *argv[1:]]),
         "loadavg_start": loadavg(),
     }
 

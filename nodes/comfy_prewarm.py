@@ -63,4 +63,5 @@ def _start_prewarm() -> None:
         return manifest
 
     prewarm.start(cache.root if cache else None, from_fleet if fleet and cache else None,
-                  quiet=lambda: not comfy.model_management.current_loaded_models)
+                  quiet=lambda: not comfy.model_management.current_loaded_models,
+                  device=comfy.model_management.get_torch_device())

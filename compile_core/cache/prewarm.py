@@ -13,16 +13,14 @@ start: first the pack's feature probes (``warm_probes``), then torch's compile e
 against the logging module's lock, held by a thread that meets a frame dynamo has not seen
 under its eval-frame callback, can deadlock two threads (seen: a server whose first prompt
 used core's TorchCompileModel hung at start-up). So nothing may run compiled code beside them:
-a prompt posted meanwhile waits for them (``probes_done``, called where ComfyUI takes a
-prompt, ``nodes/comfy_prewarm.py``). The rest is
-learned, not guessed: after a compile, the modules it imported and the files dynamo indexed
+a prompt posted meanwhile waits for them (``probes_done``, called where ComfyUI takes a prompt,
+``nodes/comfy_prewarm.py``). The rest is learned, not guessed: after a compile, the modules it imported and the files dynamo indexed
 (and, on CPU, the cache dir where torch's ISA probe builds are) are recorded in
 ``prewarm.json`` at the persistent cache root; when that manifest exists (this server has
 compiled before), the same daemon thread replays it after the base; a new fleet worker
-fetches the manifest another worker published (and the entries it names). A compile
-that starts meanwhile stops the thread at its next module and waits for it, so the two never
-race. Only modules of the compiler's own packages are imported, and source files are only
-read, never run.
+fetches the manifest another worker published (and the entries it names). A compile that
+starts meanwhile stops the thread at its next module and waits for it, so the two never race.
+Only modules of the compiler's own packages are imported; source files are only read.
 Then, while no model is loaded yet (``quiet``), the objects alive at that point (ComfyUI's and
 torch's compiler modules: several hundred thousand, none of them ever garbage) are frozen out of
 the garbage collector's reach (``gc.freeze``). ComfyUI runs a full collection after a prompt at
@@ -43,7 +41,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..report import log
-from ..torch_support import compile_threads, scoped, torch_compat
+from ..torch_support import compile_threads, hooks, scoped, torch_compat
 from ..plan import switches
 from .persist import io_failed, shared_object_problem, write_atomic
 
@@ -262,17 +260,19 @@ def warm(manifest: dict) -> dict:
             "seconds": round(time.perf_counter() - start, 2)}
 
 
-def warm_probes() -> float:
+def warm_probes(device=None) -> float:
     """The pack's probes of what this torch can do (``torch_compat.features``: tiny compiles,
-    cached for the process, about 1.5 s here), where this torch lets a thread that compiled end
-    (``compile_threads``: else the first compile runs them). Returns the seconds (never
-    raises); sets ``_probed`` however it ends."""
+    about 1.5 s here) where this torch lets a thread that compiled end (``compile_threads``),
+    then inductor's graph-pass set-up for ``device`` (``hooks.warm_inductor_passes``). Returns
+    the seconds (never raises); sets ``_probed`` however it ends."""
     start = time.perf_counter()
     probed = False
     try:
         if compile_threads.after_a_thread_ends():  # (else this thread must not compile: it ends)
             torch_compat.features()
             probed = True
+            if device is not None:
+                hooks.warm_inductor_passes(device)
     except Exception as exc:  # noqa: BLE001 - only an optimisation: the first compile probes
         log.info("feature probes at start-up stopped early: %s", exc)
     finally:
@@ -341,12 +341,12 @@ def freeze_start_up_objects(quiet: Callable[[], bool]) -> bool:
 
 
 def start(root: Path | None, shared: Callable[[], dict | None] | None = None,
-          quiet: Callable[[], bool] | None = None) -> bool:
+          quiet: Callable[[], bool] | None = None, device=None) -> bool:
     """Start the background warm-up (once per process) if enabled: ``warm_probes`` and
     ``warm_base``, the start-up objects frozen if ``quiet`` says so, then the manifest if this
     server has compiled before, or (a new fleet worker) the one ``shared`` returns, published
     by another worker (``shared`` may also prefetch that worker's entries into this cache and
-    name one as ``isa_dir``)."""
+    name one as ``isa_dir``); ``device``: the device models will run on."""
     global _thread
     if not enabled():
         return False
@@ -354,7 +354,7 @@ def start(root: Path | None, shared: Callable[[], dict | None] | None = None,
     local = read_manifest(root) if root is not None else {}
 
     def run():
-        probes = warm_probes()  # first: prompts posted meanwhile wait for them (probes_done)
+        probes = warm_probes(device)  # first: prompts posted meanwhile wait for them (probes_done)
         manifest = local
         if not manifest and shared is not None and root is not None:
             manifest = clean(shared())  # store I/O (bounded timeout) stays off the start-up path

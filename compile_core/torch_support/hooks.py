@@ -1,7 +1,7 @@
 """Hooks into inductor's and dynamo's process-wide state that a compile of the pack runs under:
 where inductor builds its precompiled C++ headers, header precompiling off while built kernels
 load, the points where a background compile may pause, who else uses dynamo's compile lock, and
-a one-time fx trace run early. Each leaves things as it found them.
+the one-time fx trace and graph-pass set-up run early. Each leaves things as it found them.
 """
 from __future__ import annotations
 
@@ -40,32 +40,55 @@ def precompiled_header_dir(path: str | None) -> Iterator[None]:
         codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = saved
 
 
-# Methods a compile calls many times a second in its Python phases (dynamo's bytecode steps,
-# inductor's lowering and torch.fx's interpreting of each node): where a background compile
-# may pause (``pause_points``). A point this torch lacks is skipped.
+# What a compile calls many times a second in its Python phases: where a background compile
+# may pause (``pause_points``). (module, class, name): a method of the class, or with class None
+# a function of the module (looked up there by the code that calls it). A point this torch
+# lacks is skipped. They are, in order: dynamo's bytecode steps and its lazy wrapping of each
+# value it meets (one dict such as ``sys.modules`` took 0.05-0.16 s), inductor's lowering, the
+# interpreting of each fx node, each pattern tried by inductor's graph passes, and the C++
+# codegen's stride analysis (sympy simplifications, up to 0.19 s in one tiling choice otherwise).
 _PAUSE_POINTS = (("torch._dynamo.symbolic_convert", "InstructionTranslatorBase", "step"),
+                 ("torch._dynamo.variables.lazy", "LazyCache", "__init__"),
                  ("torch._inductor.graph", "GraphLowering", "run_node"),
-                 ("torch.fx.interpreter", "Interpreter", "run_node"))
+                 ("torch.fx.interpreter", "Interpreter", "run_node"),
+                 ("torch._inductor.pattern_matcher", "MatchContext", "match"),
+                 ("torch._inductor.codegen.cpp", None, "stride_at_vec_range"))
 
 
 @contextlib.contextmanager
 def pause_points(check: Callable[[], None]) -> Iterator[None]:
-    """Inside the block, ``check()`` runs on the calling thread at the start of each method of
-    ``_PAUSE_POINTS`` it calls (other threads' calls are not touched), so it may pause there.
-    These points hold no lock but dynamo's compile lock. The methods are put back after."""
-    import importlib
+    """Inside the block, ``check()`` runs on the calling thread at the start of each call of
+    ``_PAUSE_POINTS`` (other threads' calls are not touched), so it may pause there. These
+    points hold no lock but dynamo's compile lock. The originals are put back after."""
     owner, swapped = threading.get_ident(), []
-    for module_name, class_name, method in _PAUSE_POINTS:
-        cls = getattr(importlib.import_module(module_name), class_name, None)
-        original = cls.__dict__.get(method) if cls is not None else None
-        if callable(original):
-            setattr(cls, method, _with_check(original, check, owner))
-            swapped.append((cls, method, original))
+    for owner_obj, name, original in _pause_targets():
+        setattr(owner_obj, name, _with_check(original, check, owner))
+        swapped.append((owner_obj, name, original))
     try:
         yield
     finally:
-        for cls, method, original in swapped:
-            setattr(cls, method, original)
+        for owner_obj, name, original in swapped:
+            setattr(owner_obj, name, original)
+
+
+def _pause_targets() -> list[tuple[object, str, Callable]]:
+    """(class or module, name, original) of each pause point this torch has. A class attribute
+    must be a plain function (a static or class method would lose its binding if wrapped)."""
+    import importlib
+    import inspect
+    targets = []
+    for module_name, class_name, name in _PAUSE_POINTS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        owner_obj = getattr(module, class_name, None) if class_name else module
+        if owner_obj is None:
+            continue
+        original = owner_obj.__dict__.get(name) if class_name else getattr(module, name, None)
+        if inspect.isfunction(original) or (class_name is None and callable(original)):
+            targets.append((owner_obj, name, original))
+    return targets
 
 
 def _with_check(original: Callable, check: Callable[[], None], owner: int) -> Callable:
@@ -168,3 +191,20 @@ def warm_fx_tracers() -> None:
         InterpreterShim._dummy_gm()
     except Exception:  # noqa: BLE001 - not on this torch: background.eager_beside_worker copes
         pass
+
+
+def warm_inductor_passes(device) -> bool:
+    """Run, on the calling thread, inductor's one-time set-up of its graph passes for models on
+    ``device`` (``joint_graph.lazy_init``, ``post_grad.lazy_init``: imports and traces of their
+    pattern replacements, cached for the process; 0.2-0.5 s, in one stretch without a pause
+    point when a background compile meets it). Their traces swap ``nn.Module.__call__`` for the
+    whole process, so no model may run meanwhile. True when both ran."""
+    import inspect
+    try:
+        from torch._inductor.fx_passes import joint_graph, post_grad
+        keyed = bool(inspect.signature(joint_graph.lazy_init).parameters)  # per device (newer torch)
+        joint_graph.lazy_init(device) if keyed else joint_graph.lazy_init()
+        post_grad.lazy_init()
+    except Exception:  # noqa: BLE001 - only an optimisation: the first compile does it itself
+        return False
+    return True

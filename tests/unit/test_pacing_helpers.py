@@ -3,9 +3,12 @@
 - ``_Compilers``: the C++ compilers it starts run at the lowest priority. The compiler is a
   FAKE: a ``sleep`` child of this process, its name added to ``COMPILERS``.
 - ``hooks.compile_lock_users``: which threads hold or wait for dynamo's compile lock, counted
-  by the lock itself (no other thread's frames are walked)."""
+  by the lock itself (no other thread's frames are walked).
+- ``hooks.pause_points``: every point is met in a real inductor compile on the CPU, on the
+  compiling thread only, and the originals are back afterwards."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -61,6 +64,13 @@ def _until(cond, timeout: float = 5.0) -> bool:
     return False
 
 
+def _lowest(pid: int) -> bool:
+    """At the lowest priority: the idle scheduling class where there is one (Linux), else nice 19."""
+    if hasattr(os, "SCHED_IDLE") and hasattr(os, "sched_getscheduler"):
+        return os.sched_getscheduler(pid) == os.SCHED_IDLE
+    return psutil.Process(pid).nice() == 19
+
+
 @pytest.fixture
 def fake_compiler(monkeypatch):
     """``sleep`` counts as a compiler (FAKE)."""
@@ -75,12 +85,63 @@ def test_a_compiler_child_gets_the_lowest_priority_and_other_children_keep_their
     fake = subprocess.Popen(["sleep", "60"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert _until(lambda: psutil.Process(fake.pid).nice() == 19)
+        assert _until(lambda: _lowest(fake.pid))
         time.sleep(5 * pacing.RENICE_INTERVAL)
-        assert psutil.Process(other.pid).nice() == psutil.Process().nice()
+        assert psutil.Process(other.pid).nice() == psutil.Process().nice() and not _lowest(other.pid)
     finally:
         compilers.stop.set()
         compilers.thread.join(5)
         for proc in (fake, other):
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no idle scheduling class here")
+def test_a_compiler_gets_nice_19_where_the_idle_class_is_refused(fake_compiler, monkeypatch):
+    def refused(pid, policy, param):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "sched_setscheduler", refused)
+    fake = subprocess.Popen(["sleep", "60"])
+    try:
+        assert _until(lambda: psutil.Process(fake.pid).name() == "sleep")
+        pacing._Compilers._lower(psutil.Process(fake.pid), set(), psutil)
+        assert psutil.Process(fake.pid).nice() == 19
+        assert os.sched_getscheduler(fake.pid) != os.SCHED_IDLE
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+BIG = {f"entry{i}": i for i in range(3000)}  # a global dict dynamo wraps entry by entry
+
+
+def _pausable(x):
+    y = (x.t() + 1.0).softmax(-1)  # a transposed load: the C++ codegen's stride analysis
+    return y @ y + len(BIG)
+
+
+def test_every_pause_point_is_met_in_a_cpu_compile_on_the_compiling_thread_only(tmp_path):
+    """A real inductor compile (no FX-graph cache, so it generates and builds C++) calls every
+    point of ``_PAUSE_POINTS``; a compile on another thread inside the block calls none, and
+    every original is back after the block. The dict of 3000 entries: one check per entry."""
+    met, other_thread = [], []
+
+    def check():
+        met.append(sys._getframe(1).f_locals["original"].__name__)
+    targets = hooks._pause_targets()
+    assert len(targets) == len(hooks._PAUSE_POINTS)  # none missing on this torch
+    with scoped.scoped_state(inductor={"fx_graph_cache": False}, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}):
+        with hooks.pause_points(check):
+            torch._dynamo.reset()
+            torch.compile(_pausable)(torch.randn(16, 16))
+            before = len(met)
+            thread = threading.Thread(target=lambda: other_thread.append(
+                torch.compile(lambda x: x.cos() + 2)(torch.randn(8))))
+            thread.start()
+            thread.join(120)
+        torch._dynamo.reset()
+    assert other_thread and len(met) == before  # the other thread's compile was not touched
+    assert {name for _, name, _ in targets} <= set(met), set(met)
+    assert met.count("__init__") >= len(BIG)
+    assert all((owner.__dict__ if isinstance(owner, type) else vars(owner))[name] is original
+               for owner, name, original in targets)

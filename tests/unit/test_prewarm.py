@@ -355,3 +355,31 @@ def test_a_compile_does_not_wait_forever_for_a_warm_up_that_hangs(monkeypatch, p
         assert len(warnings) == 1 and "did not stop within" in warnings[0]
     finally:
         hang.set()
+
+
+def test_the_warm_up_sets_up_inductors_graph_passes_for_the_device_before_any_prompt(tmp_path):
+    """Inductor's one-time set-up of its graph passes (0.2-0.5 s of tracing with no pause point
+    for a background compile, and a swapped ``nn.Module.__call__``) runs on the warm-up
+    thread for the device ``start`` names, before a waiting prompt may go on; the first
+    compile on that device then finds it done."""
+    from compile_core.torch_support import compile_threads, torch_compat
+    if not compile_threads.after_a_thread_ends():
+        pytest.skip(f"torch {torch_compat.torch.__version__} probes with the first compile (test_compile_threads)")
+    code = """
+        import json, torch
+        from compile_core.cache import prewarm
+        from compile_core.torch_support import hooks
+        from torch._inductor.fx_passes import joint_graph, post_grad
+        warmed, original = [], hooks.warm_inductor_passes
+        hooks.warm_inductor_passes = lambda d: warmed.append([str(d), prewarm._probed.is_set()]) or original(d)
+        misses = lambda: [joint_graph.lazy_init.cache_info().misses, post_grad.lazy_init.cache_info().misses]
+        fresh = misses()
+        prewarm.start(None, device=torch.device("cpu"))
+        prewarm.wait(finish=True)
+        after_warm_up = misses()
+        torch._inductor.config.fx_graph_cache = False
+        torch.compile(lambda x: (x @ x).softmax(-1) + 1)(torch.randn(8, 8))
+        print(json.dumps({"warmed": warmed, "misses": [fresh, after_warm_up, misses()]}))
+    """
+    out = _child(code, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
+    assert out == {"warmed": [["cpu", False]], "misses": [[0, 0], [1, 1], [1, 1]]}
