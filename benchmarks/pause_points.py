@@ -33,7 +33,8 @@ from run_benchmarks import REPO_ROOT, _comfy_import_setup, machine_info  # noqa:
 from background_benchmark import heading, write_out  # noqa: E402
 
 VARIANTS = ("dynamo/inductor/fx points", "the pack's points")
-FIRST_POINTS = 3  # dynamo's steps, inductor's lowering, fx's node interpreting
+FIRST_POINTS = (("InstructionTranslatorBase", "step"), ("GraphLowering", "run_node"),
+                ("Interpreter", "run_node"))  # dynamo's steps, inductor's lowering, fx's nodes
 
 
 def compile_once(variant: str) -> dict:
@@ -48,7 +49,7 @@ def compile_once(variant: str) -> dict:
     engine, s = pack("compile_core.run.engine"), pack("compile_core.plan.settings")
     prewarm.warm_base()
     if variant == VARIANTS[0]:
-        hooks._PAUSE_POINTS = hooks._PAUSE_POINTS[:FIRST_POINTS]
+        hooks._PAUSE_POINTS = tuple(p for p in hooks._PAUSE_POINTS if p[1:] in FIRST_POINTS)
     else:
         hooks.warm_inductor_passes(torch.device("cpu"))
     gc.collect()

@@ -43,15 +43,19 @@ def precompiled_header_dir(path: str | None) -> Iterator[None]:
 # What a compile calls many times a second in its Python phases: where a background compile
 # may pause (``pause_points``). (module, class, name): a method of the class, or with class None
 # a function of the module (looked up there by the code that calls it). A point this torch
-# lacks is skipped. They are, in order: dynamo's bytecode steps and its lazy wrapping of each
-# value it meets (one dict such as ``sys.modules`` took 0.05-0.16 s), inductor's lowering, the
-# interpreting of each fx node, each pattern tried by inductor's graph passes, and the C++
-# codegen's stride analysis (sympy simplifications, up to 0.19 s in one tiling choice otherwise).
+# lacks is skipped. They are, in order: dynamo's bytecode steps, its lazy wrapping of each
+# value it meets (one dict such as ``sys.modules`` took 0.05-0.16 s) and its building of each
+# guard, inductor's lowering, the interpreting of each fx node, each pattern tried by inductor's
+# graph passes, its scheduler's nodes and fusion candidates, and the C++ codegen's stride
+# analysis (sympy simplifications, up to 0.19 s in one tiling choice otherwise).
 _PAUSE_POINTS = (("torch._dynamo.symbolic_convert", "InstructionTranslatorBase", "step"),
                  ("torch._dynamo.variables.lazy", "LazyCache", "__init__"),
+                 ("torch._guards", "Guard", "create"),
                  ("torch._inductor.graph", "GraphLowering", "run_node"),
                  ("torch.fx.interpreter", "Interpreter", "run_node"),
                  ("torch._inductor.pattern_matcher", "MatchContext", "match"),
+                 ("torch._inductor.scheduler", "Scheduler", "create_scheduler_node"),
+                 ("torch._inductor.scheduler", "Scheduler", "can_fuse"),
                  ("torch._inductor.codegen.cpp", None, "stride_at_vec_range"))
 
 
