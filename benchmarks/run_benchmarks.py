@@ -433,6 +433,7 @@ def machine_info(argv) -> dict:
         return subprocess.run(["git", *a], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
 
     dirty = git("status", "--porcelain", "--", "compile_core", "nodes", "__init__.py")
+    host_env = [f"TCS_COMFY_HOST={os.environ['TCS_COMFY_HOST']}"] if os.environ.get("TCS_COMFY_HOST") else []
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "nproc": os.cpu_count(),
@@ -445,9 +446,7 @@ def machine_info(argv) -> dict:
         "git_dirty_pack_files": dirty.splitlines(),
         "OMP_NUM_THREADS": "1 (set by ComfyHost for every server and by this script's workers)",
         "attention": "--use-pytorch-cross-attention (SDPA)",
-        "command": " ".join([*([f"TCS_COMFY_HOST={os.environ['TCS_COMFY_HOST']}"]
-                                 if os.environ.get("TCS_COMFY_HOST") else []),
-                               _rel(sys.executable), _rel(argv[0]), *argv[1:]]),
+        "command": " ".join([*host_env, _rel(sys.executable), _rel(argv[0]), *argv[1:]]),
         "loadavg_start": loadavg(),
     }
 

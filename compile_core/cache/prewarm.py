@@ -14,13 +14,13 @@ against the logging module's lock, held by a thread that meets a frame dynamo ha
 under its eval-frame callback, can deadlock two threads (seen: a server whose first prompt
 used core's TorchCompileModel hung at start-up). So nothing may run compiled code beside them:
 a prompt posted meanwhile waits for them (``probes_done``, called where ComfyUI takes a prompt,
-``nodes/comfy_prewarm.py``). The rest is learned, not guessed: after a compile, the modules it imported and the files dynamo indexed
-(and, on CPU, the cache dir where torch's ISA probe builds are) are recorded in
-``prewarm.json`` at the persistent cache root; when that manifest exists (this server has
-compiled before), the same daemon thread replays it after the base; a new fleet worker
-fetches the manifest another worker published (and the entries it names). A compile that
-starts meanwhile stops the thread at its next module and waits for it, so the two never race.
-Only modules of the compiler's own packages are imported; source files are only read.
+``nodes/comfy_prewarm.py``). The rest is learned, not guessed: after a compile, the modules it
+imported and the files dynamo indexed (and, on CPU, the cache dir where torch's ISA probe
+builds are) are recorded in ``prewarm.json`` at the persistent cache root; when that manifest
+exists (this server has compiled before), the same daemon thread replays it after the base; a
+new fleet worker fetches the manifest another worker published (and the entries it names). A
+compile that starts meanwhile stops the thread at its next module and waits for it, so the two
+never race. Only modules of the compiler's own packages are imported; source files are only read.
 Then, while no model is loaded yet (``quiet``), the objects alive at that point (ComfyUI's and
 torch's compiler modules: several hundred thousand, none of them ever garbage) are frozen out of
 the garbage collector's reach (``gc.freeze``). ComfyUI runs a full collection after a prompt at

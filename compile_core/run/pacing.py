@@ -10,9 +10,9 @@ gives way to prompts (``paced``):
   sleeping without the interpreter lock until the host is idle again;
 - the C++ compilers the process runs meanwhile (inductor's g++ and the like) run at the lowest
   CPU priority (``_Compilers``; on Linux the idle scheduling class): they take the cores only
-  when the prompt leaves them free. The
-  compile's own thread keeps its priority: a thread that holds the interpreter lock must not
-  wait for a core behind the compilers while the sampling thread waits for the lock.
+  when the prompt leaves them free. The compile's own thread keeps its priority: a thread that
+  holds the interpreter lock must not wait for a core behind the compilers while the sampling
+  thread waits for the lock.
 
 A pause must never hold something the prompt needs:
 - not inside the logging or import machinery (their locks), nor inside ``unpaused`` (the pack's

@@ -197,12 +197,12 @@ def warm_fx_tracers() -> None:
         pass
 
 
-def warm_inductor_passes(device) -> bool:
+def warm_inductor_passes(device) -> None:
     """Run, on the calling thread, inductor's one-time set-up of its graph passes for models on
     ``device`` (``joint_graph.lazy_init``, ``post_grad.lazy_init``: imports and traces of their
     pattern replacements, cached for the process; 0.2-0.5 s, in one stretch without a pause
     point when a background compile meets it). Their traces swap ``nn.Module.__call__`` for the
-    whole process, so no model may run meanwhile. True when both ran."""
+    whole process, so no model may run meanwhile."""
     import inspect
     try:
         from torch._inductor.fx_passes import joint_graph, post_grad
@@ -210,5 +210,4 @@ def warm_inductor_passes(device) -> bool:
         joint_graph.lazy_init(device) if keyed else joint_graph.lazy_init()
         post_grad.lazy_init()
     except Exception:  # noqa: BLE001 - only an optimisation: the first compile does it itself
-        return False
-    return True
+        pass

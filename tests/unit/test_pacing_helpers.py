@@ -143,5 +143,4 @@ def test_every_pause_point_is_met_in_a_cpu_compile_on_the_compiling_thread_only(
     assert other_thread and len(met) == before  # the other thread's compile was not touched
     assert {name for _, name, _ in targets} <= set(met), set(met)
     assert met.count("__init__") >= len(BIG)
-    assert all((owner.__dict__ if isinstance(owner, type) else vars(owner))[name] is original
-               for owner, name, original in targets)
+    assert all(vars(owner)[name] is original for owner, name, original in targets)
