@@ -21,12 +21,10 @@ exists (this server has compiled before), the same daemon thread replays it afte
 new fleet worker fetches the manifest another worker published (and the entries it names). A
 compile that starts meanwhile stops the thread at its next module and waits for it, so the two
 never race. Only modules of the compiler's own packages are imported; source files are only read.
-Then, while no model is loaded yet (``quiet``), the objects alive at that point (ComfyUI's and
-torch's compiler modules: several hundred thousand, none of them ever garbage) are frozen out of
-the garbage collector's reach (``gc.freeze``). ComfyUI runs a full collection after a prompt at
-most every 10 s; with the compiler imported each one walked them all (0.4-0.5 s on a 2-core
-CPU, during which the server sent nothing, so a run looked that much slower).
-``TORCH_COMPILE_SPEED_PREWARM=0`` turns it off.
+Then, while no model is loaded yet (``quiet``), the objects alive then (ComfyUI's and torch's
+compiler modules: several hundred thousand, never garbage) are frozen out of the garbage
+collector's reach (``gc.freeze``): ComfyUI's full collection after a prompt walked them all
+(0.4-0.5 s on a 2-core CPU, with the server silent). ``TORCH_COMPILE_SPEED_PREWARM=0``: off.
 """
 from __future__ import annotations
 
@@ -130,10 +128,10 @@ def _merged(old: list[str], new: list[str], cap: int) -> list[str]:
 
 def record(root: Path, modules: list[str], files: list[str], isa_dir: str | None = None,
            fingerprint: str | None = None) -> dict | None:
-    """Add what one compile imported and indexed to the manifest (order kept: import order);
-    ``isa_dir``: the inductor cache dir of a compile that built C++ kernels (see
-    ``warm_cpu_isa``); ``fingerprint``: the compiled entry, most recent first (a new fleet
-    worker prefetches those). Returns the new manifest when it changed, else None."""
+    """Add what one compile imported and indexed to the manifest (in import order); ``isa_dir``:
+    the inductor cache dir of a compile that built C++ kernels (``warm_cpu_isa``); ``fingerprint``:
+    the compiled entry, newest first (a new fleet worker prefetches those). Returns the new
+    manifest when it changed, else None."""
     root = Path(root)
     old = read_manifest(root)
     data = {"modules": _merged(old.get("modules", []), [m for m in modules if allowed_module(m)],
@@ -285,15 +283,18 @@ def warm_probes(device=None) -> float:
 
 def warm_base() -> float:
     """Torch's compile entry, what any first compile in a new process pays before its own work:
-    ``torch.compile`` with inductor imports ``torch._inductor.compile_fx`` (0.7-1.3 s here),
-    inductor hashes torch's sources, and dynamo indexes the torch.nn sources nearly every model
-    runs through. It compiles nothing, so it may run beside a prompt. Returns the seconds."""
+    importing ``torch._inductor.compile_fx`` (0.7-1.3 s here), torch's hash of its sources,
+    dynamo's index of the torch.nn sources most models run through, and the imports of a first
+    C++ build and a first sympy simplification (0.13 s; a compile cannot pause in an import).
+    It compiles nothing, so it may run beside a prompt. Returns the seconds."""
     start = time.perf_counter()
     try:
         import torch._inductor.compile_fx  # noqa: F401
         from torch._inductor.codecache import torch_key
         torch_key()  # torch's hash of its own sources (every inductor cache key has it)
-        import torch
+        import sympy
+        import torch.utils.cpp_extension  # noqa: F401
+        sympy.simplify(sympy.Symbol("x") + 1)
         nn = torch.nn.modules
         index_sources([m.__file__ for m in (nn.module, torch.nn.functional, nn.linear, nn.normalization, nn.conv)])
     except Exception as exc:  # noqa: BLE001 - only an optimisation: the compile does it itself
@@ -342,11 +343,10 @@ def freeze_start_up_objects(quiet: Callable[[], bool]) -> bool:
 
 def start(root: Path | None, shared: Callable[[], dict | None] | None = None,
           quiet: Callable[[], bool] | None = None, device=None) -> bool:
-    """Start the background warm-up (once per process) if enabled: ``warm_probes`` and
-    ``warm_base``, the start-up objects frozen if ``quiet`` says so, then the manifest if this
-    server has compiled before, or (a new fleet worker) the one ``shared`` returns, published
-    by another worker (``shared`` may also prefetch that worker's entries into this cache and
-    name one as ``isa_dir``); ``device``: the device models will run on."""
+    """Start the background warm-up (once per process) if enabled: ``warm_probes``, ``warm_base``,
+    the start-up objects frozen if ``quiet`` says so, then the manifest if this server has
+    compiled before, or (a new fleet worker) the one another worker published, from ``shared``
+    (which may also prefetch its entries here, one as ``isa_dir``); ``device``: models' device."""
     global _thread
     if not enabled():
         return False

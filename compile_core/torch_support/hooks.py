@@ -45,12 +45,15 @@ def precompiled_header_dir(path: str | None) -> Iterator[None]:
 # a function of the module (looked up there by the code that calls it). A point this torch
 # lacks is skipped. They are, in order: dynamo's bytecode steps, its lazy wrapping of each
 # value it meets (one dict such as ``sys.modules`` took 0.05-0.16 s) and its building of each
-# guard, inductor's lowering, the interpreting of each fx node, each pattern tried by inductor's
-# graph passes, its scheduler's nodes and fusion candidates, and the C++ codegen's stride
-# analysis (sympy simplifications, up to 0.19 s in one tiling choice otherwise).
+# guard, each op run on fake tensors (one bytecode step ran 0.16 s of them) and each symbolic
+# shape question (sympy), inductor's lowering, the interpreting of each fx node, each pattern
+# tried by inductor's graph passes, its scheduler's nodes and fusion candidates, and the C++
+# codegen's stride analysis (sympy simplifications, up to 0.19 s in one tiling choice otherwise).
 _PAUSE_POINTS = (("torch._dynamo.symbolic_convert", "InstructionTranslatorBase", "step"),
                  ("torch._dynamo.variables.lazy", "LazyCache", "__init__"),
                  ("torch._guards", "Guard", "create"),
+                 ("torch._subclasses.fake_tensor", "FakeTensorMode", "dispatch"),
+                 ("torch.fx.experimental.symbolic_shapes", "ShapeEnv", "evaluate_expr"),
                  ("torch._inductor.graph", "GraphLowering", "run_node"),
                  ("torch.fx.interpreter", "Interpreter", "run_node"),
                  ("torch._inductor.pattern_matcher", "MatchContext", "match"),

@@ -109,9 +109,10 @@ def test_replay_imports_and_indexes_and_skips_what_is_gone(tmp_path):
 @pytest.mark.parametrize("where,replayed", [("with", True), ("without", False), (None, False)])
 def test_one_warm_up_per_process_warms_the_base_and_replays_a_manifest_if_there_is_one(
         tmp_path, where, replayed):
-    """Every server warms torch's compile entry (with dynamo's index of the torch.nn sources) and
-    the pack's feature probes (what any first compile pays); one that compiled before also
-    replays its manifest. Off: nothing at all."""
+    """Every server warms torch's compile entry (with dynamo's index of the torch.nn sources, and
+    the imports of a first C++ build and sympy simplification) and the pack's feature probes
+    (what any first compile pays); one that compiled before also replays its manifest. Off:
+    nothing at all."""
     for d in ("with", "without"):
         (tmp_path / d).mkdir()
     (tmp_path / "with" / prewarm.MANIFEST).write_text(json.dumps(
@@ -128,14 +129,16 @@ def test_one_warm_up_per_process_warms_the_base_and_replays_a_manifest_if_there_
         print(json.dumps({{"started": started, "entry": "torch._inductor.compile_fx" in sys.modules,
                           "probed": torch_compat.compile_works.cache_info().currsize == 1,
                           "indexed": torch.nn.functional.__file__ in funcname_cache.cache,
-                          "replayed": "torch.utils.show_pickle" in sys.modules}}))
+                          "replayed": "torch.utils.show_pickle" in sys.modules,
+                          "first_build": {{"torch.utils.cpp_extension", "sympy.physics.units"}} <= set(sys.modules)}}))
     """
     from compile_core.torch_support import compile_threads  # torch 2.11.0: the first compile probes, on its thread
     assert _child(code) == {"started": [True, False], "entry": True,  # once per process
                             "probed": compile_threads.after_a_thread_ends(), "indexed": True,
-                            "replayed": replayed}
+                            "replayed": replayed, "first_build": True}
     assert _child(code, {prewarm.ENV: "0"}) == {"started": [False, False], "entry": False,
-                                                "probed": False, "indexed": False, "replayed": False}
+                                                "probed": False, "indexed": False, "replayed": False,
+                                                "first_build": False}
 
 
 def test_start_up_objects_are_frozen_while_quiet_and_what_comes_later_is_still_collected():
