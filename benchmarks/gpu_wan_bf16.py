@@ -226,12 +226,13 @@ def worker(args) -> dict:
     info = {"variant": args.worker, "model_class": f"{type(model).__module__}.{type(model).__name__}"}
     if args.worker != "eager":
         # a ComfyUI server with this pack imports torch's compiler and runs the pack's feature
-        # probes at start-up, before its first prompt (compile_core/cache/prewarm.py): every
-        # compiled variant gets the same, untimed, as the CPU benchmarks' servers do
+        # probes and inductor's graph-pass set-up for its device at start-up, before its first
+        # prompt (compile_core/cache/prewarm.py): every compiled variant gets the same, untimed,
+        # as the CPU benchmarks' servers do
         sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
         from compile_core.cache import prewarm
         t0 = time.perf_counter()
-        prewarm.warm_probes()
+        prewarm.warm_probes(device)
         prewarm.warm_base()
         info["startup_warmup_s"] = time.perf_counter() - t0
     if args.worker == "eager":
