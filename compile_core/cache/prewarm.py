@@ -292,11 +292,11 @@ def warm_base() -> float:
         import torch._inductor.compile_fx  # noqa: F401
         from torch._inductor.codecache import torch_key
         torch_key()  # torch's hash of its own sources (every inductor cache key has it)
-        import sympy
-        import torch.utils.cpp_extension  # noqa: F401
-        sympy.simplify(sympy.Symbol("x") + 1)
         nn = torch.nn.modules
         index_sources([m.__file__ for m in (nn.module, torch.nn.functional, nn.linear, nn.normalization, nn.conv)])
+        import sympy  # last: a missing setuptools must not cost the rest
+        import torch.utils.cpp_extension  # noqa: F401
+        sympy.simplify(sympy.Symbol("x") + 1)
     except Exception as exc:  # noqa: BLE001 - only an optimisation: the compile does it itself
         log.info("compiler prewarm stopped early: %s", exc)
     return time.perf_counter() - start
