@@ -18,9 +18,10 @@ prompt comes once the pack's start-up warm-up is done. Prompts follow each other
 ``--gap`` seconds between them (a user, or a queue that empties now and then); the defaults
 server goes on until a run has swapped the compiled regions in. A test-only node logs every
 model call with the server's clock and whether the compiled regions ran it, which gives the step
-times before and after the swap.
+times before and after the swap. Each server has torch's own number of intra-op threads (one
+per core), as a user's server does (``--threads N``: OMP_NUM_THREADS=N).
 
-    .venv/bin/python benchmarks/background_benchmark.py [--steps 20] [--blocks 8] [--gap 1]
+    .venv/bin/python benchmarks/background_benchmark.py [--steps 20] [--blocks 8] [--gap 1] [--threads 0]
 
 Writes ``benchmarks/results/background_cpu.json`` and ``.md`` (``--out`` for another name, e.g.
 one per ComfyUI host). Targets: first run <= 1.15x the first eager run; every later run while
@@ -31,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,13 +75,14 @@ def steps_of(log: str) -> list[dict]:
             for i, (n, k, t) in enumerate(calls)]
 
 
-def one_server(variant: str, model_path: Path, steps: int, runs: int, work: Path, gap: float) -> dict:
+def one_server(variant: str, model_path: Path, steps: int, runs: int, work: Path, gap: float,
+               threads: int | None) -> dict:
     d = work / variant
     kept = work / ("defaults" if variant == "restart" else variant)  # a restart: the same user folder
     env = {"TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"), "TORCH_COMPILE_SPEED_CACHE_DIR": str(kept / "tcs")}
     out: dict = {"runs": []}
     settings = VARIANTS["defaults" if variant == "restart" else variant]
-    host = ComfyHost(kept / "server", models=[model_path], env=env, new_container=True)
+    host = ComfyHost(kept / "server", models=[model_path], env=env, new_container=True, omp_threads=threads)
     start = host.log_offset()  # (a restart appends to the first server's log)
     with host:
         host.object_info()  # what the browser asks first: every node's inputs (ours list torch's backends)
@@ -168,8 +172,8 @@ def markdown(summary: dict, info: dict, args) -> str:
              f"Machine: {info['nproc']} cores, {info['cpu_model']}, torch {info['torch']}, "
              f"ComfyUI {info['comfyui']}, {info['date']}. Tiny WAN {args.blocks} blocks, dim 256, "
              f"{args.steps} steps, 128x128x5, fresh servers and caches (new containers), {args.gap} s "
-             "between prompts; each server answered `/object_info` and finished the pack's start-up "
-             "warm-up before its first prompt.", "",
+             f"between prompts, {_threads(args)}; each server answered `/object_info` and finished "
+             "the pack's start-up warm-up before its first prompt.", "",
              f"Eager: first run {summary['eager_first_run_s']} s (the model loads), later runs "
              f"{summary['eager_run_s']} s (step {summary['eager_step_ms']} ms); steady compiled step "
              f"{summary['steady_compiled_step_ms']} ms.", "",
@@ -204,18 +208,36 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--eager-runs", type=int, default=24, help="prompts on the eager server")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between prompts")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="each server's intra-op threads (OMP_NUM_THREADS); 0: torch's own choice, one per core")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "background_cpu"))
     args = ap.parse_args(argv)
     info = machine_info(sys.argv)
+    info["OMP_NUM_THREADS"] = args.threads or "unset (torch's own choice: one thread per core)"
     model = make_tiny_wan(num_layers=args.blocks, dim=256, seed=0)
     variants = ("eager", "foreground", "defaults", "restart")
     res = in_scratch("tcs_bg_bench_", lambda work: {
-        v: one_server(v, model, args.steps, _runs(v, args), work, args.gap) for v in variants})
+        v: one_server(v, model, args.steps, _runs(v, args), work, args.gap, args.threads or None)
+        for v in variants})
     summary = summarise(res)
     for v in res.values():
         v.pop("latents")
     write_out(args.out, {"machine": info, "summary": summary, "raw": res}, markdown(summary, info, args))
     return 0
+
+
+def _threads(args) -> str:
+    if args.threads:
+        return f"{args.threads} intra-op thread(s) per server"
+    return f"{torch_threads()} intra-op threads per server (torch's own choice, as a user's server)"
+
+
+def torch_threads() -> int:
+    """The intra-op threads torch picks where OMP_NUM_THREADS is unset."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                         capture_output=True, text=True, env=env).stdout.strip()
+    return int(out or 0)
 
 
 def _runs(variant: str, args) -> int:

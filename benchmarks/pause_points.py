@@ -71,29 +71,36 @@ def compile_once(variant: str) -> dict:
             "over_50ms": sum(g > 0.05 for g in gaps), "over_100ms": sum(g > 0.1 for g in gaps)}
 
 
-def child(variant: str) -> dict:
-    with tempfile.TemporaryDirectory(prefix="tcs_pause_") as cache:
+def child(variant: str, script: str = __file__, *extra: str) -> dict:
+    """The row that ``script --child variant`` prints, run in a fresh process and inductor cache."""
+    with tempfile.TemporaryDirectory(prefix="tcs_child_") as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-        proc = subprocess.run([sys.executable, __file__, "--child", variant], env=env,
+        proc = subprocess.run([sys.executable, script, "--child", variant, *extra], env=env,
                               capture_output=True, text=True, timeout=1200)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROW ")]
     return json.loads(line[-1][4:]) if line else {"variant": variant, "error": proc.stderr[-800:]}
+
+
+def table(header: list[str], rows: list[dict], cells) -> list[str]:
+    """A Markdown table: ``cells(row)`` for each row, or the error of a row whose child failed."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | error: {r['error'][-120:]!r} |" + " |" * (len(header) - 2))
+        else:
+            lines.append("| " + " | ".join(str(c) for c in cells(r)) + " |")
+    return lines
 
 
 def markdown(info: dict, rows: list[dict]) -> str:
     lines = heading("Pause points of a background compile: CPU time between two of them", info)
     lines += ["", "One cold compile of the tiny WAN's blocks (8 blocks, dim 256) per row, each in a "
               "fresh process and inductor cache, variants taking turns. A prompt that starts while "
-              "the compile is between two pause points runs beside it until the next one.", "",
-              "| variant | compile s | pause-point calls | compile thread CPU s | longest ms | "
-              "next four ms | over 50 ms | over 100 ms |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['variant']} | error: {r['error'][-120:]!r} | | | | | | |")
-            continue
-        lines.append(f"| {r['variant']} | {r['compile_s']} | {r['checks']} | {r['thread_cpu_s']} | "
-                     f"{r['longest_ms']} | {', '.join(map(str, r['top5_ms'][1:]))} | "
-                     f"{r['over_50ms']} | {r['over_100ms']} |")
+              "the compile is between two pause points runs beside it until the next one.", ""]
+    lines += table(["variant", "compile s", "pause-point calls", "compile thread CPU s", "longest ms",
+                    "next four ms", "over 50 ms", "over 100 ms"], rows,
+                   lambda r: (r["variant"], r["compile_s"], r["checks"], r["thread_cpu_s"], r["longest_ms"],
+                              ", ".join(map(str, r["top5_ms"][1:])), r["over_50ms"], r["over_100ms"]))
     return "\n".join(lines) + "\n"
 
 

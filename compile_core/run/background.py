@@ -34,7 +34,7 @@ from torch import nn
 
 from . import fallback, pacing
 from ..report import log
-from ..torch_support import compile_threads
+from ..torch_support import compile_threads, openmp
 
 MAX_CAPTURED = 16  # region variants whose inputs one capture keeps (identical blocks share one)
 # Serialises the moments the worker's compile scope sets or restores the process-wide
@@ -150,9 +150,10 @@ def _in_own_thread(fn: Callable[[], None], label: str) -> None:
     slower (measured, 2 cores, tiny WAN: the regional graphs 52 -> 90 ms a call after a compile
     on the long-lived worker; unchanged after one in a thread that ended). Not on a torch where
     a thread that compiled must not end (``compile_threads``): there ``fn`` runs on the worker,
-    which never ends."""
+    which never ends, and gives its OpenMP team back after each job (``openmp``)."""
     if not compile_threads.after_a_thread_ends():
         fn()
+        openmp.release_thread_team()
         return
     thread = threading.Thread(target=fn, name=f"tcs-compile {label}"[:60], daemon=True)
     thread.start()
@@ -239,19 +240,19 @@ def locked_scope(scope: contextlib.AbstractContextManager) -> Iterator[None]:
             scope.__exit__(None, None, None)
 
 
-def eager_beside_worker(call: Callable[[], object], device: torch.device | None = None):
-    """Run an eager model call while the worker may be compiling, on one CPU thread fewer
-    when the model runs on the CPU (``_core_for_worker``). torch.fx's tracers patch
+def eager_beside_worker(call: Callable[[], object]):
+    """Run an eager model call while the worker may be compiling. torch.fx's tracers patch
     ``nn.Module.__call__`` for the whole process while they trace (inductor traces small
     helpers and its pattern replacements with them), so a module call on this thread can land
     in the worker's tracer and fail (``NameError: module is not installed as a submodule``).
     Such a call is run again as soon as no tracer holds the patch (each trace is short), and
     after ``RETRIES`` such tries once the worker is idle. The model's own errors are raised as
-    they are."""
+    they are. The call keeps this thread's intra-op thread count: dynamo guards a graph on the
+    count of the thread that compiled it, and ``torch.set_num_threads`` sets the count new
+    threads (the worker's) start with too."""
     for _ in range(RETRIES):
         try:
-            with _core_for_worker(device):
-                return call()
+            return call()
         except Exception as exc:  # noqa: BLE001 - re-raised unless it came from a tracer's patch
             if not _through_fx_tracer(exc):
                 raise
@@ -272,28 +273,6 @@ def _wait_for_unpatched_call(timeout: float = 2.0) -> None:
     deadline = time.monotonic() + timeout
     while nn.Module.__call__ is not _MODULE_CALL and time.monotonic() < deadline and busy():
         time.sleep(0.002)
-
-
-@contextlib.contextmanager
-def _core_for_worker(device: torch.device | None) -> Iterator[None]:
-    """Leave one core to the worker while a CPU model runs beside its compile (not beside a
-    queued or held job, which uses no core): with every core taken by
-    the eager step's intra-op threads, the two oversubscribe the CPU (measured on 2 cores, a
-    tiny WAN step beside a compile: 3.5-4.4x its time alone with 2 threads, 2.3-2.7x with 1,
-    and the compile finished sooner). ``torch.set_num_threads`` holds for the calling thread's
-    OpenMP pool, so the count is set on this thread and put back after the call. GPU models
-    (their steps barely use the CPU's threads) are left alone, and so is a call beside a job
-    that waits or pauses for the prompts (``pacing``)."""
-    n = torch.get_num_threads()
-    job = WORKER.current
-    if device is None or device.type != "cpu" or n < 2 or not WORKER.running() or (job is not None and job.yields):
-        yield  # (a yielding job pauses in its Python phases and its compilers run at the lowest priority)
-        return
-    torch.set_num_threads(n - 1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _through_fx_tracer(exc: BaseException) -> bool:

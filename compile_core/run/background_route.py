@@ -76,7 +76,7 @@ class Background:
         if job is not None and not job.done.is_set():  # this model's compile runs: eagerly
             job.eager_calls += 1
             try:
-                return (background.eager_beside_worker(call, device),)
+                return (background.eager_beside_worker(call),)
             except torch.OutOfMemoryError as exc:  # (on a GPU the compile runs the regions too)
                 return (beside.after_the_compile(self.state.description, call, device, exc),)
         return None

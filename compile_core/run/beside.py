@@ -87,7 +87,7 @@ class Beside:
         background.note_beside(self.state.description, why)
         try:
             if why:
-                return (background.eager_beside_worker(call, device),)
+                return (background.eager_beside_worker(call),)
             return (self._on_its_graphs(diffusion_model, call, device),)
         except torch.OutOfMemoryError as exc:
             return (after_the_compile(self.state.description, call, device, exc),)

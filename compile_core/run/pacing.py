@@ -7,7 +7,8 @@ host is idle (ComfyUI: no prompt running or queued, ``set_idle_check``), and onc
 gives way to prompts (``paced``):
 - in its Python phases it pauses at torch's per-instruction and per-node methods
   (``hooks.pause_points``; a profile hook at every call cost 30-50 % of the compile),
-  sleeping without the interpreter lock until the host is idle again;
+  sleeping without the interpreter lock until the host is idle again; at each point it gives
+  back the OpenMP thread team its last parallel op left (``openmp``);
 - the C++ compilers the process runs meanwhile (inductor's g++ and the like) run at the lowest
   CPU priority (``_Compilers``; on Linux the idle scheduling class): they take the cores only
   when the prompt leaves them free. The compile's own thread keeps its priority: a thread that
@@ -33,7 +34,7 @@ import time
 from typing import Callable, Iterator
 
 from ..report import log
-from ..torch_support import hooks
+from ..torch_support import hooks, openmp
 
 CHECK_INTERVAL = 0.02  # s between the questions at the pause points
 POLL = 0.05  # s between questions while paused or waiting to start
@@ -98,6 +99,9 @@ class _Pacer:
         if now < self.next_check:
             return
         self.next_check = now + CHECK_INTERVAL
+        # a team this thread's last parallel op left (an input copy, a graph's first run) slows
+        # every parallel op of a prompt while it lives, paused or not (``openmp``)
+        openmp.release_thread_team()
         if _may_run() or not _safe_to_pause(sys._getframe(1)):
             return
         self.job.pauses += 1

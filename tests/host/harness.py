@@ -286,6 +286,8 @@ class ComfyHost:
             self.args += ["--front-end-root", HOST_CONFIG["front_end_root"]]
         self.args += list(extra_args)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(omp_threads)}
+        if omp_threads is None:  # torch's own choice (one thread per core), as a user's server
+            del self.env["OMP_NUM_THREADS"]
         self.env.update(env or {})
         if new_container:
             self.env.update(_empty_dirs(self.base_dir, ("TMPDIR", "HOME")))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compile_core.run import background, engine, pacing
-from compile_core.torch_support import compile_threads, guards, scoped
+from compile_core.torch_support import compile_threads, guards, openmp, scoped
 from compile_core.report.status import status_payload
 from tcs_engine_helpers import CPU, eager, run, settings
 
@@ -282,41 +282,33 @@ def test_eager_beside_worker_raises_the_models_own_errors():
         background.eager_beside_worker(broken)
 
 
-@pytest.mark.parametrize("device,fewer", [("cpu", True), ("cuda", False), (None, False)])
-def test_a_cpu_step_beside_the_worker_leaves_it_one_core(device, fewer):
-    """The eager step's intra-op threads on this thread are one fewer during the call while the
-    worker compiles (CPU models only), all of them beside a job that waits for an idle server,
-    and back to the caller's count afterwards, also when the call raises."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    started, gate = threading.Event(), threading.Event()
-    state = {"idle": False}
-    pacing.set_idle_check(lambda: state["idle"])
-    waiting = background.submit(lambda: None, "waiting", yields=True)
-    try:
-        seen = []
-        dev = torch.device(device) if device else None
-        background.eager_beside_worker(lambda: seen.append(torch.get_num_threads()), dev)
-        assert seen == [2] and not waiting.started.is_set()  # it compiles nothing yet
-        state["idle"] = True
-        assert waiting.done.wait(60)
-        background.submit(lambda: (started.set(), gate.wait(60)), "running")
-        assert started.wait(60)
-        background.eager_beside_worker(lambda: seen.append(torch.get_num_threads()), dev)
-        assert seen == [2, 1 if fewer else 2]
-        assert torch.get_num_threads() == 2
+def test_a_compile_beside_a_cpu_step_sees_the_steps_thread_count():
+    """dynamo guards its graphs on the thread count of the thread that compiled them (torch's
+    global state guard): an eager CPU step beside the worker must not change the count a job's
+    thread starts with. (A step that took a core from the worker with ``torch.set_num_threads``
+    set the process's default for new threads too: a restart's saved region then failed that
+    guard, and it was traced again.)"""
+    n = torch.get_num_threads()
+    if n < 2:
+        pytest.skip("one intra-op thread: nothing to take")
+    in_step, seen = threading.Event(), []
 
-        def broken():
-            raise ValueError("the model's own error")
-        with pytest.raises(ValueError):
-            background.eager_beside_worker(broken, dev)
-        assert torch.get_num_threads() == 2
-    finally:
-        gate.set()
-        state["idle"] = True
-        pacing.set_idle_check(lambda: True)
-        background.wait_idle(60)
-        torch.set_num_threads(before)
+    def job():
+        assert in_step.wait(60)
+        seen.append(torch.get_num_threads())  # this thread's first question: its count is set now
+
+    def step():
+        in_step.set()
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return torch.get_num_threads()
+    background.submit(job, "a saved region's load")  # (not yielding: it runs beside the step)
+    while not background.WORKER.running():
+        time.sleep(0.005)
+    in_the_step = background.eager_beside_worker(step)
+    assert background.wait_idle(60) and seen == [n], seen
+    assert in_the_step == n and torch.get_num_threads() == n
 
 
 @pytest.mark.skipif(not guards.guard_check(), reason="new inputs compile in the foreground here")
@@ -462,14 +454,25 @@ def test_a_failing_done_callback_warns_once_and_the_worker_goes_on(pack_log):
     assert len(warnings) == 1 and "ZeroDivisionError" in warnings[0], pack_log.warnings()
 
 
-def test_a_cpu_compile_pauses_while_a_prompt_runs_and_goes_on_when_idle(host_state, pack_log):
+def _spy_on_team_release(monkeypatch) -> list:
+    """The threads that gave their OpenMP team back (the real release runs: test_openmp)."""
+    released, real = [], openmp.release_thread_team
+    monkeypatch.setattr(openmp, "release_thread_team", lambda: released.append(threading.get_ident()) or real())
+    return released
+
+
+def test_a_cpu_compile_pauses_while_a_prompt_runs_and_goes_on_when_idle(host_state, pack_log, monkeypatch):
     """A yielding job pauses at its next pause point once the server is busy (the sampling
-    thread gets the interpreter lock and the cores), and goes on when it is idle again."""
+    thread gets the interpreter lock and the cores), and goes on when it is idle again. At its
+    pause points its thread gives its OpenMP team back: an idle team slows a prompt's parallel ops."""
     host_state["idle"] = True
-    progress, stop = [0], threading.Event()
+    progress, stop, job_thread = [0], threading.Event(), []
     graph = torch.fx.symbolic_trace(lambda x: (x + 1).relu() * 2)
+    released = _spy_on_team_release(monkeypatch)
 
     def compile_like():  # torch.fx interpreting node after node, as a compile's Python phases
+        job_thread.append(threading.get_ident())
+        torch.ones(2 ** 20).mul(2)  # a parallel op on real tensors (a graph's first run)
         while not stop.is_set():
             progress[0] += 1
             torch.fx.Interpreter(graph).run(torch.ones(2))
@@ -491,6 +494,7 @@ def test_a_cpu_compile_pauses_while_a_prompt_runs_and_goes_on_when_idle(host_sta
     assert job.done.wait(10) and job.error is None and job.pauses == 1 and job.paused_s > 0.4
     infos = [m for m in pack_log.infos() if "the background compile of a model pauses" in m]
     assert len(infos) == 1
+    assert released and set(released) == set(job_thread), (released, job_thread)  # by the job's thread only
 
 
 def test_a_paused_compile_goes_on_while_another_thread_needs_dynamo(host_state):
@@ -589,3 +593,13 @@ def test_each_job_runs_in_a_thread_that_ends_with_it():
     assert thread.name.startswith("tcs-compile") and thread is not background.WORKER._thread
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_where_a_compiling_thread_must_not_end_each_job_gives_the_workers_team_back(monkeypatch):
+    """Where the thread-safety probe fails (torch 2.11.0, ``compile_threads``) jobs run on the
+    worker itself, which never ends: its OpenMP team is given back after each job."""
+    monkeypatch.setattr(compile_threads, "after_a_thread_ends", lambda: False)
+    released, ran = _spy_on_team_release(monkeypatch), []
+    job = background.submit(lambda: ran.append(threading.get_ident()) or torch.ones(2 ** 20).mul(2), "a job")
+    assert job.done.wait(30) and background.wait_idle(30) and job.error is None
+    assert ran == [background.WORKER._thread.ident] and released == ran, (ran, released)
