@@ -8,9 +8,10 @@ wake its own team (measured on 2 cores: a 512x512 multiply 17 -> 60-100 us, tiny
 1.5x, while a background compile that had run a graph was paused). OpenMP 5.0's
 ``omp_pause_resource_all`` ends the calling thread's team; its next parallel op starts a new one.
 
-Only a runtime the process has already loaded is used, found in its memory map (Linux).
-Elsewhere nothing is released, and a compile's thread still ends with its job
-(``background._in_own_thread``).
+Only GNU's runtime, and only once the process has loaded it (found in its memory map, Linux):
+there the call ends the calling thread's team alone. LLVM's and Intel's runtimes pause every
+thread of the process on that call, the sampling thread's team too. Elsewhere nothing is
+released, and a compile's thread still ends with its job (``background._in_own_thread``).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import sys
 from typing import Callable
 
 OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: the team's threads end, the runtime stays set up
-_RUNTIMES = ("libgomp", "libiomp5", "libomp")  # GNU, Intel, LLVM
+RUNTIME = "libgomp"  # GNU's (torch's Linux wheels bundle it: libgomp.so.1 or libgomp-<hash>.so.1)
 MAPS = "/proc/self/maps"
 
 
@@ -50,7 +51,7 @@ def _pause_all() -> Callable[[int], int] | None:
 
 
 def loaded_runtime(maps: str = MAPS) -> str | None:
-    """The path of the OpenMP runtime mapped into this process, or None."""
+    """The path of GNU's OpenMP runtime mapped into this process, or None."""
     try:
         with open(maps, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
@@ -62,6 +63,6 @@ def loaded_runtime(maps: str = MAPS) -> str | None:
             continue
         path = fields[5].strip()
         name = os.path.basename(path)
-        if name.startswith(_RUNTIMES) and ".so" in name and os.path.isfile(path):
+        if name.startswith(RUNTIME) and ".so" in name and os.path.isfile(path):
             return path
     return None
