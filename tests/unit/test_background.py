@@ -288,9 +288,8 @@ def test_a_compile_beside_a_cpu_step_sees_the_steps_thread_count():
     thread starts with. (A step that took a core from the worker with ``torch.set_num_threads``
     set the process's default for new threads too: a restart's saved region then failed that
     guard, and it was traced again.)"""
-    n = torch.get_num_threads()
-    if n < 2:
-        pytest.skip("one intra-op thread: nothing to take")
+    before, n = torch.get_num_threads(), 2  # (two on any machine: one to take)
+    torch.set_num_threads(n)
     in_step, seen = threading.Event(), []
 
     def job():
@@ -303,12 +302,18 @@ def test_a_compile_beside_a_cpu_step_sees_the_steps_thread_count():
         while not seen and time.monotonic() < deadline:
             time.sleep(0.005)
         return torch.get_num_threads()
-    background.submit(job, "a saved region's load")  # (not yielding: it runs beside the step)
-    while not background.WORKER.running():
-        time.sleep(0.005)
-    in_the_step = background.eager_beside_worker(step)
-    assert background.wait_idle(60) and seen == [n], seen
-    assert in_the_step == n and torch.get_num_threads() == n
+    try:
+        background.submit(job, "a saved region's load")  # (not yielding: it runs beside the step)
+        deadline = time.monotonic() + 60
+        while not background.WORKER.running() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        in_the_step = background.eager_beside_worker(step)
+        assert background.wait_idle(60) and seen == [n], seen
+        assert in_the_step == n and torch.get_num_threads() == n
+    finally:
+        in_step.set()
+        background.wait_idle(60)
+        torch.set_num_threads(before)
 
 
 @pytest.mark.skipif(not guards.guard_check(), reason="new inputs compile in the foreground here")
