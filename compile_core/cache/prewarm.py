@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..report import log
-from ..torch_support import compile_threads, hooks, scoped, torch_compat
+from ..torch_support import compile_threads, cpu_isa, hooks, scoped, torch_compat
 from ..plan import switches
 from .persist import io_failed, shared_object_problem, write_atomic
 
@@ -172,36 +172,6 @@ def installed_module(name: str) -> bool:
     return os.path.abspath(path).startswith(os.path.dirname(os.path.abspath(top_path)) + os.sep)
 
 
-def probe_cpu_isa() -> bool:
-    """Settle torch's per-process CPU ISA list, probing the candidate ISAs side by side.
-
-    Torch checks each ISA this CPU lists (AVX2, AVX512, AVX512-VNNI, ...) by building a small
-    C++ file with its flags and loading it in a child process, one ISA after another: about
-    5 s of a cold CPU compile. Each candidate is a separate object with its own cached
-    answer, so the checks run in parallel threads here, then torch's own list reuses the
-    answers. Only x86-64 Linux (torch's probe elsewhere is a plain list); True when settled."""
-    import platform
-    try:
-        from torch._inductor import cpu_vec_isa as v
-        if v.valid_vec_isa_list.cache_info().currsize:
-            return True
-        if sys.platform != "linux" or platform.machine() != "x86_64":
-            return False
-        flags = v.x86_isa_checker()
-        candidates = [isa for isa in v.supported_vec_isa_list
-                      if all(f in flags for f in str(isa).split())]
-        threads = [threading.Thread(target=bool, args=(isa,), daemon=True,
-                                    name=f"torch-compile-speed-isa-{isa}") for isa in candidates]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        v.valid_vec_isa_list()  # the answers are cached per ISA: no probe runs again
-        return True
-    except Exception:  # noqa: BLE001 - only an optimisation: torch probes on its own
-        return False
-
-
 def warm_cpu_isa(inductor_dir: str | None) -> bool:
     """Run torch's CPU ISA probe (it caches the result for the process) in the inductor cache
     dir of the last compile, where its small C++ builds already are: then it only loads them
@@ -215,7 +185,7 @@ def warm_cpu_isa(inductor_dir: str | None) -> bool:
             # kernels); the compile discards that entry first and probes in a fresh dir
             return False
         with scoped.scoped_state(env={"TORCHINDUCTOR_CACHE_DIR": inductor_dir}):
-            return probe_cpu_isa()
+            return cpu_isa.probe()
     except Exception:  # noqa: BLE001 - only an optimisation
         return False
 

@@ -8,10 +8,11 @@ import time
 import torch
 from torch import nn
 
+from . import pacing
 from .state import ModelState
 from ..cache import precompiled, prewarm
 from ..report import log
-from ..torch_support import dynamo_records, scoped
+from ..torch_support import cpu_isa, dynamo_records, scoped
 
 
 @dataclasses.dataclass
@@ -52,7 +53,8 @@ def begin(state: ModelState, modules: list[nn.Module], device: torch.device, kee
 
 def probe_isa(state: ModelState, p: CompilePass, device: torch.device) -> None:
     if p.first_compile and device.type == "cpu" and state.settings.backend == "inductor":
-        prewarm.probe_cpu_isa()  # side by side, not one ISA after another
+        # side by side, not one ISA after another; one at a time where the compile yields
+        cpu_isa.probe(pacing.pause_point if pacing.in_yielding_job() else None)
 
 
 def finish(state: ModelState, p: CompilePass, device: torch.device, where: str = "") -> bool:

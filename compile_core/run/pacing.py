@@ -9,6 +9,8 @@ gives way to prompts (``paced``):
   (``hooks.pause_points``; a profile hook at every call cost 30-50 % of the compile),
   sleeping without the interpreter lock until the host is idle again; at each point it gives
   back the OpenMP thread team its last parallel op left (``openmp``);
+- where it waits for child processes of its own (torch's CPU ISA probe: a C++ build and a
+  Python that loads it, per ISA) it runs them one at a time, each after a ``pause_point``;
 - the C++ compilers the process runs meanwhile (inductor's g++ and the like) run at the lowest
   CPU priority (``_Compilers``; on Linux the idle scheduling class): they take the cores only
   when the prompt leaves them free. The compile's own thread keeps its priority: a thread that
@@ -94,9 +96,9 @@ class _Pacer:
     def __init__(self, job):
         self.job, self.next_check = job, 0.0
 
-    def __call__(self):
+    def __call__(self, force: bool = False):
         now = time.monotonic()
-        if now < self.next_check:
+        if now < self.next_check and not force:
             return
         self.next_check = now + CHECK_INTERVAL
         # a team this thread's last parallel op left (an input copy, a graph's first run) slows
@@ -116,6 +118,19 @@ class _Pacer:
             self.job.paused = False
         self.job.paused_s += time.monotonic() - now
         self.next_check = time.monotonic() + CHECK_INTERVAL
+
+
+def in_yielding_job() -> bool:
+    """This thread runs a yielding job now (inside ``paced``)."""
+    return getattr(_in_job, "pacer", None) is not None
+
+
+def pause_point() -> None:
+    """A pause point of the pack's own, between steps that cannot pause inside (each waits for
+    a child process): a yielding job pauses here while the host is busy; elsewhere a no-op."""
+    pacer = getattr(_in_job, "pacer", None)
+    if pacer is not None:
+        pacer(force=True)
 
 
 @contextlib.contextmanager
@@ -147,7 +162,7 @@ def _other_thread_in_dynamo() -> bool:
     return True if others is None else others(threading.get_ident())
 
 
-_in_job = threading.local()  # ``others``: the running job's ``hooks.compile_lock_users`` check
+_in_job = threading.local()  # the running job's ``others`` (``hooks.compile_lock_users``), ``pacer``
 
 
 # the processes a compile starts (inductor's C++ builds, Triton's ptxas): lowered while a job runs
@@ -215,12 +230,12 @@ def _lowest_priority(child, psutil) -> None:
 @contextlib.contextmanager
 def paced(job) -> Iterator[None]:
     """Inside the block the calling thread gives way to prompts (module docstring)."""
-    compilers = _Compilers()
+    compilers, pacer = _Compilers(), _Pacer(job)
     compilers.thread.start()
     try:
-        with hooks.compile_lock_users() as others, hooks.pause_points(_Pacer(job)):
-            _in_job.others = others
+        with hooks.compile_lock_users() as others, hooks.pause_points(pacer):
+            _in_job.others, _in_job.pacer = others, pacer
             yield
     finally:
-        _in_job.others = None
+        _in_job.others = _in_job.pacer = None
         compilers.stop.set()

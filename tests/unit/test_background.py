@@ -502,6 +502,57 @@ def test_a_cpu_compile_pauses_while_a_prompt_runs_and_goes_on_when_idle(host_sta
     assert released and set(released) == set(job_thread), (released, job_thread)  # by the job's thread only
 
 
+def test_a_yielding_jobs_own_pause_point_waits_while_the_server_is_busy(host_state):
+    """``pacing.pause_point``, between steps a compile cannot pause inside (each waits for a
+    child process): in a yielding job it pauses there while the server is busy, and goes on
+    when it is idle; anywhere else it returns at once."""
+    assert not pacing.in_yielding_job()
+    start = time.monotonic()
+    pacing.pause_point()
+    assert time.monotonic() - start < 0.05
+    host_state["idle"], go, seen = True, threading.Event(), []
+
+    def job_fn():
+        seen.append(pacing.in_yielding_job())
+        go.wait(10)
+        pacing.pause_point()
+        seen.append("past")
+    job = background.submit(job_fn, "a model", yields=True)
+    deadline = time.monotonic() + 120  # (a first job imports the pause points' torch modules)
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    host_state["idle"] = False
+    go.set()
+    deadline = time.monotonic() + 5
+    while not job.paused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job.paused and seen == [True]
+    time.sleep(0.3)
+    assert seen == [True]  # still paused
+    host_state["idle"] = True
+    assert job.done.wait(10) and job.error is None and seen == [True, "past"] and job.pauses == 1
+    assert not pacing.in_yielding_job()
+
+
+def test_a_yielding_compile_probes_the_cpu_isas_one_at_a_time_after_pause_points(host_state, monkeypatch):
+    """Torch's CPU ISA probe (a child process per ISA, at normal priority) runs one ISA at a
+    time after a pause point in a CPU model's background compile, and side by side elsewhere
+    (the real probe: test_prewarm)."""
+    import types
+    from compile_core.run import compile_pass
+    from compile_core.torch_support import cpu_isa
+    calls = []
+    monkeypatch.setattr(cpu_isa, "probe",
+                        lambda before_each=None: calls.append((before_each, pacing.in_yielding_job())) or True)
+    state = types.SimpleNamespace(settings=types.SimpleNamespace(backend="inductor"))
+    first = types.SimpleNamespace(first_compile=True)
+    host_state["idle"] = True
+    job = background.submit(lambda: compile_pass.probe_isa(state, first, CPU), "a model", yields=True)
+    assert job.done.wait(10) and job.error is None
+    compile_pass.probe_isa(state, first, CPU)  # a foreground compile
+    assert calls == [(pacing.pause_point, True), (None, False)]
+
+
 def test_a_paused_compile_goes_on_while_another_thread_needs_dynamo(host_state):
     """A paused compile holds dynamo's process-wide compile lock: a torch.compile on another
     thread (another pack's, in the prompt) must not wait for the server to be idle."""

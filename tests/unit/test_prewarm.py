@@ -249,8 +249,8 @@ def test_parallel_isa_probe_gives_torchs_own_answer(tmp_path):
     code = """
         import json, sys
         from torch._inductor import cpu_vec_isa
-        from compile_core.cache import prewarm
-        settled = prewarm.probe_cpu_isa() if sys.argv[-1] == "parallel" else None
+        from compile_core.torch_support import cpu_isa
+        settled = cpu_isa.probe() if sys.argv[-1] == "parallel" else None
         isas = cpu_vec_isa.valid_vec_isa_list()
         print(json.dumps({"settled": settled, "isa": [str(i) for i in isas],
                           "flags": [i.build_arch_flags() for i in isas],
@@ -268,6 +268,34 @@ def test_parallel_isa_probe_gives_torchs_own_answer(tmp_path):
         assert sys.platform != "linux" or os.uname().machine != "x86_64"
     assert {k: v for k, v in got["parallel"].items() if k != "settled"} == \
            {k: v for k, v in got["sequential"].items() if k != "settled"}
+
+
+def test_with_a_pause_point_the_isa_probe_checks_one_isa_at_a_time_after_it():
+    """FAKE ISAs (each stands for torch's check of one ISA: a C++ build and a child process
+    that loads it), in a child process whose torch has probed nothing yet."""
+    if sys.platform != "linux" or __import__("platform").machine() != "x86_64":
+        pytest.skip("torch's ISA probe is a plain list here (nothing to settle)")
+    got = _child("""
+        import json, threading
+        from torch._inductor import cpu_vec_isa as v
+        from compile_core.torch_support import cpu_isa
+        events = []
+
+        class FakeIsa:
+            def __init__(self, name):
+                self.name = name
+            def __str__(self):
+                return self.name
+            def __bool__(self):
+                events.append(["check", self.name, threading.current_thread() is threading.main_thread()])
+                return True
+        v.supported_vec_isa_list = [FakeIsa("avx512"), FakeIsa("avx2"), FakeIsa("neon")]
+        v.x86_isa_checker = lambda: ["avx512", "avx2"]
+        settled = cpu_isa.probe(lambda: events.append(["pause"]))
+        print(json.dumps({"settled": settled, "events": events[:4]}))
+    """)
+    assert got == {"settled": True, "events": [["pause"], ["check", "avx512", True],
+                                               ["pause"], ["check", "avx2", True]]}
 
 
 def test_a_compile_that_starts_stops_the_warm_up_early(tmp_path):
