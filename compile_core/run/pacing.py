@@ -186,7 +186,7 @@ class _Compilers:
         me, seen = psutil.Process(), set()
         while not self.stop.wait(RENICE_INTERVAL):
             try:
-                children = me.children(recursive=True)
+                children = _descendants(me, psutil)
             except psutil.Error:
                 continue
             for child in children:
@@ -206,6 +206,46 @@ class _Compilers:
                 seen.add(child)
         except (psutil.Error, OSError):
             pass
+
+
+def _descendants(me, psutil) -> list:
+    """``me``'s child processes, theirs, and so on. On Linux from each thread's ``children``
+    file in /proc (a few small reads, under 0.1 ms), not psutil's scan of every process on the
+    machine: 8 ms with 460 processes, under the interpreter lock, every ``RENICE_INTERVAL``.
+    Elsewhere, or where the kernel has no such file, psutil's."""
+    pids = _linux_descendants(me.pid)
+    if pids is None:
+        return me.children(recursive=True)
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.Error:  # (it ended meanwhile)
+            pass
+    return found
+
+
+def _linux_descendants(root: int) -> list[int] | None:
+    """The descendants of process ``root`` from /proc/<pid>/task/<tid>/children; None where
+    ``root`` has no such file."""
+    if not os.path.isfile(f"/proc/{root}/task/{root}/children"):
+        return None
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # (it ended meanwhile)
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += kids
+            todo += kids
+    return found
 
 
 def _lowest_priority(child, psutil) -> None:

@@ -96,6 +96,41 @@ def test_a_compiler_child_gets_the_lowest_priority_and_other_children_keep_their
             proc.wait()
 
 
+@pytest.mark.skipif(psutil is None or not sys.platform.startswith("linux") or shutil.which("sh") is None,
+                    reason="Linux's /proc children files, psutil and a shell")
+def test_the_processes_descendants_come_from_proc_as_psutil_lists_them(monkeypatch):
+    """A child started by another thread (as a compile's) and a grandchild are found from
+    /proc's per-thread ``children`` files, the same set psutil's scan of every process gives;
+    where those files are missing, psutil's list is used."""
+    started = []
+    t = threading.Thread(target=lambda: started.append(subprocess.Popen(["sh", "-c", "sleep 60 & wait"])))
+    t.start()
+    t.join()
+    shell = started[0]
+    try:
+        me = psutil.Process()
+        assert _until(lambda: len(me.children(recursive=True)) >= 2)
+        grandchild = [c.pid for c in psutil.Process(shell.pid).children()]
+        assert grandchild
+        from_proc = pacing._linux_descendants(me.pid)
+        assert from_proc is not None and set(from_proc) == {p.pid for p in pacing._descendants(me, psutil)}
+        assert set(from_proc) == {c.pid for c in me.children(recursive=True)}
+        assert {shell.pid, *grandchild} <= set(from_proc)
+
+        class FakeMe:  # FAKE: psutil's view of a process on a kernel without the children files
+            pid = me.pid
+
+            def children(self, recursive=False):
+                return ["psutil's list"] if recursive else []
+        monkeypatch.setattr(pacing, "_linux_descendants", lambda pid: None)
+        assert pacing._descendants(FakeMe(), psutil) == ["psutil's list"]
+    finally:
+        for c in psutil.Process(shell.pid).children(recursive=True):
+            c.kill()
+        shell.kill()
+        shell.wait()
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no idle scheduling class here")
 def test_a_compiler_gets_nice_19_where_the_idle_class_is_refused(fake_compiler, monkeypatch):
     def refused(pid, policy, param):
