@@ -105,14 +105,13 @@ class Server:
         self.out["log"] = pack_log(self.host, self.start)
         return self.host.__exit__(*exc)
 
-    def run(self) -> float:
+    def run(self) -> None:
         off = self.host.log_offset()
         r = Run(self.host, prompt(self.model, self.settings, self.steps, f"{self.variant}{len(self.out['runs'])}"))
         text = self.host.log_text(since=off)
         self.out["runs"].append({"wall_s": round(r.wall, 3), "exec_s": r.exec, "steps": steps_of(text),
                                  "pack_log": pack_log(self.host, off)})
         self.out.setdefault("latents", []).append(r.latent())
-        return r.wall
 
     def hold(self, stop: bool) -> None:
         """Stop (SIGSTOP) or continue the server and every process it started: a stopped
