@@ -204,7 +204,7 @@ def import_routing(setitem, delitem):
     nodes = types.ModuleType("tcs_pack.nodes")
     nodes.__path__ = [str(root / "nodes")]
     from compile_core.torch_support import layer_fetch, weight_fetch  # noqa: F401 - the one copy their ops register from
-    ours = {"tcs_pack." + name: mod for name, mod in list(sys.modules.items())
+    ours = {"tcs_pack." + name: mod for name, mod in sys.modules.copy().items()
             if name == "compile_core" or name.startswith("compile_core.")}
     for name, mod in (("tcs_pack", pkg), ("tcs_pack.nodes", nodes), *ours.items()):
         setitem(sys.modules, name, mod)

@@ -306,8 +306,7 @@ def state_digest():
     dynamo/inductor (incl. its triton sub-config)/fx config, the pack's env vars, TF32 flags and
     matmul precision) plus the whole environment, grad mode and default dtype."""
     import importlib
-    import sys
-    pack = next((m for n, m in sys.modules.items() if n.endswith("compile_core.torch_support.scoped")), None)
+    pack = _pack_module("scoped", "compile_core.torch_support")
     if pack is None:  # the pack is loaded as a custom node; its module name has the folder's name
         pack = importlib.import_module("TorchCompileSpeed.compile_core.torch_support.scoped")
     snap = pack.snapshot()
@@ -770,9 +769,13 @@ if PAUSABLE_BACKEND not in __import__("torch._dynamo.backends.registry", fromlis
 
 
 def _pack_module(name, package="compile_core"):
-    """The pack's ``<package>.<name>`` module as ComfyUI loaded it (None when not loaded)."""
+    """The pack's ``<package>.<name>`` module as ComfyUI loaded it (None when not loaded).
+
+    Iterates a copy: ``dict.copy`` holds the GIL throughout, while iterating ``sys.modules`` itself
+    (or building its item tuples, which can run the garbage collector) lets the background compile
+    thread import a module mid-way and fail the loop with "dictionary changed size"."""
     import sys
-    return next((m for n, m in list(sys.modules.items()) if n.endswith(f"{package}.{name}")), None)
+    return next((m for n, m in sys.modules.copy().items() if n.endswith(f"{package}.{name}")), None)
 
 
 class TCSTestWaitForBackground:
