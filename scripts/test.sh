@@ -17,10 +17,15 @@
 #     attention override, diagnostics, fleet, ...) exercises the pack's own logic, which step 1
 #     covers; it ran on 0.3.75 too (~20 min) until the older-torch job needed the time (CI:
 #     2 cores, kept under 60 minutes). TCS_SECOND_HOST_TESTS="tests/host tests/browser" runs it.
+# Each pytest run uses two worker processes (pytest-xdist, a test file per worker at a time, so a
+# file's module-scoped servers start once): a test spends most of its time in one thread (dynamo's
+# trace, a server starting), so two workers keep both cores of a CI machine busy. The older-torch
+# environment is built in the background while step 1 runs.
 # Knobs (environment variables):
 #   TCS_TEST_HOSTS="0.33.0"        hosts to run, space-separated (the first gets every test)
 #   TCS_SECOND_HOST_TESTS="..."    what the other hosts run (e.g. "tests/host tests/browser": all)
 #   TCS_TEST_OLD_TORCH="2.9.1"     the older-torch job's version ("none": skip it)
+#   TCS_TEST_WORKERS=4             pytest worker processes per run (default 2; 0: no workers)
 # Extra arguments pass through to pytest (for every run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,21 +38,30 @@ SECOND_HOST_TESTS=${TCS_SECOND_HOST_TESTS:-tests/host/test_foundation.py \
 tests/host/test_persistent_cache.py tests/host/test_gguf.py tests/host/test_regions_real_models.py \
 tests/browser}
 OLD_TORCH=${TCS_TEST_OLD_TORCH:-2.8.0}
+WORKERS=(-n "${TCS_TEST_WORKERS:-2}" --dist loadfile)
 status=0
+if [ "$OLD_TORCH" != none ]; then
+  old_torch_log=$PWD/.host/torch_env-$OLD_TORCH.log
+  bash scripts/torch_env.sh "$OLD_TORCH" > "$old_torch_log" 2>&1 &
+  old_torch_env=$!
+  trap 'kill "$old_torch_env" 2>/dev/null || true' EXIT
+fi
 first=1
 for host in ${TCS_TEST_HOSTS:-0.33.0 0.3.75}; do
   if [ $first = 1 ]; then paths=(tests); else read -r -a paths <<< "$SECOND_HOST_TESTS"; fi
   echo "[test] ComfyUI $host: ${paths[*]}"
   # a private basetemp per host: pytest prunes /tmp/pytest-of-$USER across concurrent runs
-  TCS_COMFY_HOST=$host .venv/bin/python -m pytest "${paths[@]}" \
+  TCS_COMFY_HOST=$host .venv/bin/python -m pytest "${paths[@]}" "${WORKERS[@]}" \
     --basetemp="$PWD/.host/pytest-tmp-$host" "$@" || status=1
   if [ $first = 1 ] && [ "$OLD_TORCH" != none ]; then
     # the older-torch job, right after the default host (same host, the venv's own torch)
     echo "[test] torch $OLD_TORCH, ComfyUI 0.33.0: tests/unit tests/host/test_foundation.py"
-    t0=$SECONDS
-    if py=$(bash scripts/torch_env.sh "$OLD_TORCH" | tail -n 1); then
-      echo "[test] torch $OLD_TORCH environment ready after $((SECONDS - t0))s"
-      TCS_COMFY_HOST=0.33.0 "$py" -m pytest tests/unit tests/host/test_foundation.py \
+    env_ok=0
+    wait "$old_torch_env" || env_ok=$?
+    cat "$old_torch_log"
+    if [ "$env_ok" = 0 ] && py=$(tail -n 1 "$old_torch_log") && [ -x "$py" ]; then
+      t0=$SECONDS
+      TCS_COMFY_HOST=0.33.0 "$py" -m pytest tests/unit tests/host/test_foundation.py "${WORKERS[@]}" \
         --continue-on-collection-errors --basetemp="$PWD/.host/pytest-tmp-torch-$OLD_TORCH" "$@" || status=1
       echo "[test] torch $OLD_TORCH job took $((SECONDS - t0))s"
     else

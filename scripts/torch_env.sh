@@ -27,7 +27,13 @@ if [ "$VER" = "$(sed -n 's/^torch==//p' "$ROOT/constraints.txt")" ]; then
   echo "$VENV/bin/python"
   exit 0
 fi
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$CONS")
+pipq() { "${PIP[@]}" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; } >&2; }
 if [ -f "$VENV/.ready" ] && [ -x "$VENV/bin/python" ]; then
+  # the test tools as requirements-dev.txt lists them now (a venv built before a change gets them)
+  if ! cmp -s "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"; then
+    pipq -r "$ROOT/requirements-dev.txt" && cp "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"
+  fi
   for f in "$VENV"/lib/python3*/site-packages/_tcs_tv_shim.py; do  # keep a shim up to date
     if [ -f "$f" ] && ! cmp -s "$ROOT/tests/host/tv_shim.py" "$f"; then cp "$ROOT/tests/host/tv_shim.py" "$f"; fi
   done
@@ -39,8 +45,6 @@ t0=$SECONDS
 echo "[torch_env] building $VENV (torch $VER; a few GB, several minutes)" >&2
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$CONS")
-pipq() { "${PIP[@]}" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; } >&2; }
 tv=$(sed -n 's/^torchvision==//p' "$CONS")
 ta=$(sed -n 's/^torchaudio==//p' "$CONS")
 pipq "torch==$VER" "torchvision==$tv"
@@ -69,11 +73,12 @@ if ! "$VENV/bin/python" -c 'import torchaudio' >/dev/null 2>&1; then
 fi
 "$VENV/bin/python" - "$VER" <<'PY' >&2
 import sys
-import torch, torchvision, torchaudio, safetensors, comfy_aimdo, gguf, pytest  # noqa: F401 - import check
+import torch, torchvision, torchaudio, safetensors, comfy_aimdo, gguf, pytest, xdist  # noqa: F401 - import check
 assert torch.__version__.split("+")[0] == sys.argv[1], torch.__version__
 print("[torch_env] torch", torch.__version__, "torchvision", torchvision.__version__,
       "torchaudio", torchaudio.__version__)
 PY
+cp "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"
 touch "$VENV/.ready"
 echo "[torch_env] $VENV ready in $((SECONDS - t0))s" >&2
 echo "$VENV/bin/python"
