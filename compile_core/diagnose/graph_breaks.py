@@ -161,8 +161,11 @@ UNLOCATED = "(location not recorded: nothing was traced before this break in its
 
 
 def _break_counts() -> dict[str, int]:
+    """Dynamo's graph-break counts by reason, read from a copy: ``dict()`` copies the counter
+    without letting another thread run, while a background compile's trace may add a reason
+    between two steps of a loop over the counter itself."""
     from torch._dynamo.utils import counters
-    return {str(k): int(v) for k, v in counters["graph_break"].items()}
+    return {str(k): int(v) for k, v in dict(counters["graph_break"]).items()}
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 ``torch._dynamo.reset()``), recompile hints, verdict and auto-disable; end to end on a toy model."""
 from __future__ import annotations
 
+import collections
 import inspect
 import time
 import traceback
@@ -133,6 +134,23 @@ def test_graph_break_search_keeps_other_compiled_code(fresh_code, graph_count):
     with scoped.scoped_state():
         cf(x)
     assert graph_count() == g1 > g0  # the break search traced; f was not compiled again
+
+
+class FakeCounterOfAnotherThreadsTrace(collections.Counter):
+    """FAKE: dynamo's graph-break counter as a background compile's trace in another thread
+    adds to it while this thread walks its items."""
+
+    def items(self):
+        view = iter(super().items())
+        for item in view:
+            self[f"another thread's break {len(self)}"] = 1
+            yield item
+
+
+def test_graph_break_counts_are_read_whole_while_another_thread_adds_to_them(monkeypatch):
+    from torch._dynamo.utils import counters
+    monkeypatch.setitem(counters, "graph_break", FakeCounterOfAnotherThreadsTrace({"print": 2}))
+    assert graph_breaks._break_counts() == {"print": 2}
 
 
 def test_nested_break_is_reported_once_at_the_user_frame(fresh_code):
