@@ -19,8 +19,10 @@
 #     2 cores, kept under 60 minutes). TCS_SECOND_HOST_TESTS="tests/host tests/browser" runs it.
 # Each pytest run uses two worker processes (pytest-xdist, a test file per worker at a time, so a
 # file's module-scoped servers start once): a test spends most of its time in one thread (dynamo's
-# trace, a server starting), so two workers keep both cores of a CI machine busy. The older-torch
-# environment is built in the background while step 1 runs.
+# trace, a server starting), so two workers keep both cores of a CI machine busy. Files go out in
+# collection order (host tests, the long ones, first; xdist's own order, most tests first, left
+# one-test files of two minutes for the end). The older-torch environment is built in the
+# background while step 1 runs.
 # Knobs (environment variables):
 #   TCS_TEST_HOSTS="0.33.0"        hosts to run, space-separated (the first gets every test)
 #   TCS_SECOND_HOST_TESTS="..."    what the other hosts run (e.g. "tests/host tests/browser": all)
@@ -38,7 +40,7 @@ SECOND_HOST_TESTS=${TCS_SECOND_HOST_TESTS:-tests/host/test_foundation.py \
 tests/host/test_persistent_cache.py tests/host/test_gguf.py tests/host/test_regions_real_models.py \
 tests/browser}
 OLD_TORCH=${TCS_TEST_OLD_TORCH:-2.8.0}
-WORKERS=(-n "${TCS_TEST_WORKERS:-2}" --dist loadfile)
+WORKERS=(-n "${TCS_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 status=0
 if [ "$OLD_TORCH" != none ]; then
   old_torch_log=$PWD/.host/torch_env-$OLD_TORCH.log
