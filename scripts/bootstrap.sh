@@ -23,7 +23,8 @@ pipq() { "${PIP[@]}" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
   # the test tools as requirements-dev.txt lists them now (a venv built before a change gets them)
   if ! cmp -s "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"; then
-    pipq -r "$ROOT/requirements-dev.txt" && cp "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"
+    pipq -r "$ROOT/requirements-dev.txt"  # a failure stops here (set -e), with pip's message
+    cp "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"
   fi
   # keep the installed torchvision shim in step with tests/host/tv_shim.py
   for f in "$VENV"/lib/python3*/site-packages/_tcs_tv_shim.py; do

@@ -32,7 +32,8 @@ pipq() { "${PIP[@]}" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; } >&2; 
 if [ -f "$VENV/.ready" ] && [ -x "$VENV/bin/python" ]; then
   # the test tools as requirements-dev.txt lists them now (a venv built before a change gets them)
   if ! cmp -s "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"; then
-    pipq -r "$ROOT/requirements-dev.txt" && cp "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"
+    pipq -r "$ROOT/requirements-dev.txt"  # a failure stops here (set -e), with pip's message
+    cp "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"
   fi
   for f in "$VENV"/lib/python3*/site-packages/_tcs_tv_shim.py; do  # keep a shim up to date
     if [ -f "$f" ] && ! cmp -s "$ROOT/tests/host/tv_shim.py" "$f"; then cp "$ROOT/tests/host/tv_shim.py" "$f"; fi
