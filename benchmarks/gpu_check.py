@@ -10,31 +10,40 @@ each stage under its own time limit so that a stuck stage still leaves the other
 
 Writes ``gpu_check.json`` and ``.md`` into ``--out-dir`` (default ``benchmarks/results``), after
 every stage. Run it with ``bash scripts/gpu_session.sh check`` on a machine with an NVIDIA GPU.
+
+``--device cpu --out-dir DIR`` runs every stage on the CPU at a toy size (the GPU tests that can
+run there, CPU servers, two blocks at a tiny latent): a dry run that checks the check itself before
+a GPU is at hand. Its figures say nothing about a GPU.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from gpu_wan_bf16 import swap_text
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_VARIANTS = "eager,torch-compile-whole,ours-regional,ours-background"
 LIMITS = {"correctness": 170, "bench": 290, "bench_process": 140}
+CPU_LIMITS = {name: 2 * seconds for name, seconds in LIMITS.items()}  # a dry run: 2 cores do the GPU's work
+CPU_DRY_RUN = ["--device", "cpu", "--blocks", "2", "--latent", "1", "8", "8", "--warmup", "1", "--iters", "2"]
 
 
-def run_stage(name: str, commands: list[list[str]], limit: int, logs: Path) -> dict:
+def run_stage(name: str, commands: list[list[str]], limit: int, logs: Path, env: dict | None = None) -> dict:
     """Start ``commands`` side by side; kill what still runs after ``limit`` seconds."""
     start = time.monotonic()
     procs = []
     for i, cmd in enumerate(commands):
         log = open(logs / f"{name}_{i}.log", "w")
         procs.append((subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True), log))
+                                       start_new_session=True, env=env), log))
     codes = []
     for proc, log in procs:
         left = max(1.0, limit - (time.monotonic() - start))
@@ -95,7 +104,8 @@ def background_row(variants: dict) -> dict:
     if "error" in cold:
         return {"error": cold["error"][-600:]}
     return {"first_call_s": cold.get("first_call_s"), "compiled_from_s": cold.get("compiled_from_s"),
-            "swapped_at_call": cold.get("swapped_at_call"), "failed": cold.get("failed") or None,
+            "swapped_at_call": cold.get("swapped_at_call"), "calls_until_swapped": cold.get("calls_until_swapped"),
+            "failed": cold.get("failed") or None,
             "steady_ms": (cold.get("steady_ms") or {}).get("median"), "peak_vram_gb": cold.get("peak_gb_steady"),
             "beside_ms": cold.get("beside_ms")}
 
@@ -182,8 +192,7 @@ def write_md(res: dict, path: Path) -> None:
         L += ["", f"Background compile (the node's defaults as they are): error: {bg['error'][-200:]}"]
     elif bg:
         L += ["", f"Background compile (the node's defaults as they are): first call {fmt(bg.get('first_call_s'))} s "
-              f"(eager while the worker compiles), compiled graphs from model call {bg.get('swapped_at_call')}, "
-              f"{fmt(bg.get('compiled_from_s'))} s after the first call started; steady "
+              f"(eager while the worker compiles), compiled graphs {swap_text(bg)}; steady "
               f"{fmt(bg.get('steady_ms'))} ms" + _beside(bg) + (f"; failed: {bg['failed']}" if bg.get("failed") else "")]
     if b.get("defaults_restart_lines"):
         L += ["", "The defaults' first call after a restart, the pack's lines (seconds from the call's start):", ""]
@@ -193,16 +202,23 @@ def write_md(res: dict, path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out-dir", default=str(REPO_ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out-dir", default=None, help="where the results go (default benchmarks/results)")
     ap.add_argument("--small", action="store_true", help="the benchmark at latent 9x30x52 (a quick look)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a dry run of the check at a toy size (needs --out-dir)")
     args = ap.parse_args()
-    out_dir = Path(args.out_dir)
+    cpu = args.device == "cpu"
+    if cpu and args.out_dir is None:
+        ap.error("--device cpu needs --out-dir: a dry run's figures must not replace the GPU results")
+    out_dir = Path(args.out_dir or REPO_ROOT / "benchmarks" / "results")
+    limits = CPU_LIMITS if cpu else LIMITS
     logs = out_dir / "gpu_check_logs"
     logs.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     res = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-           "command": "bash scripts/gpu_session.sh check" + (" --small" if args.small else ""),
-           **environment(), "limits_s": LIMITS, "stages": {}}
+           "command": ("bash scripts/gpu_session.sh check" + (" --small" if args.small else "")
+                       if not cpu else "python benchmarks/gpu_check.py --device cpu (a dry run on the CPU)"),
+           **environment(), "limits_s": limits, "stages": {}}
 
     def save():
         (out_dir / "gpu_check.json").write_text(json.dumps(res, indent=1) + "\n")
@@ -211,14 +227,16 @@ def main() -> int:
     junit, server = logs / "gpu_tests.xml", logs / "server.json"
     res["stages"]["correctness"] = run_stage("correctness", [
         [py, "-m", "pytest", "tests/gpu/test_gpu_paths.py", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
-        [py, "benchmarks/gpu_server_check.py", "--out", str(server)]], LIMITS["correctness"], logs)
+        [py, "benchmarks/gpu_server_check.py", "--out", str(server), "--device", args.device]],
+        limits["correctness"], logs, env={**os.environ, "TCS_GPU_TEST_DEVICE": args.device})
     res["tests"] = test_counts(junit)
     res["server"] = json.loads(server.read_text()) if server.is_file() else {"error": "the stage did not finish"}
     save()
     bench = logs / "bench"
     res["stages"]["bench"] = run_stage("bench", [
-        [py, "benchmarks/gpu_wan_bf16.py", "--variants", BENCH_VARIANTS, "--timeout", str(LIMITS["bench_process"]),
-         "--out", str(bench), *(["--small"] if args.small else [])]], LIMITS["bench"], logs)
+        [py, "benchmarks/gpu_wan_bf16.py", "--variants", BENCH_VARIANTS, "--timeout", str(limits["bench_process"]),
+         "--out", str(bench), *(["--small"] if args.small else []), *(CPU_DRY_RUN if cpu else [])]],
+        limits["bench"], logs)
     raw = json.loads(bench.with_suffix(".json").read_text()) if bench.with_suffix(".json").is_file() else {}
     res["bench"] = bench_summary(raw)
     save()

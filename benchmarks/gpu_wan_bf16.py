@@ -485,11 +485,20 @@ def write_md(res: dict, path: Path) -> None:
     bg = res["variants"].get("ours-background", {}).get("cold", {})
     if "compiled_from_s" in bg:
         beside = bg.get("beside_ms") or {}
-        L += ["", f"ours-background: swapped in at model call {bg.get('swapped_at_call')}, "
-              f"{bg['compiled_from_s']:.2f} s after the first call started; the {beside.get('n')} calls "
+        L += ["", f"ours-background: {swap_text(bg)}; the {beside.get('n')} calls "
               f"beside the compile took {beside.get('median', float('nan')):.2f} ms (median), "
               f"{beside.get('max', float('nan')):.2f} ms at most."]
     path.write_text("\n".join(L) + "\n")
+
+
+def swap_text(bg: dict) -> str:
+    """When the background compile took over, or that it had not when ``until_swapped`` stopped
+    calling (its time limit, or a failed compile)."""
+    if bg.get("swapped_at_call") is None:
+        return (f"not swapped in when the calls stopped, {bg['compiled_from_s']:.2f} s after the first "
+                f"call started ({bg.get('calls_until_swapped')} calls)")
+    return (f"swapped in at model call {bg['swapped_at_call']}, {bg['compiled_from_s']:.2f} s after the "
+            "first call started")
 
 
 def main() -> int:
