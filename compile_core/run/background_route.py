@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import background, beside, compile_pass, new_shapes
+from . import background, beside, compile_pass, new_shapes, pacing
 from .attach import region_variant
 from .state import ModelState
 from ..plan import shapes
@@ -156,6 +156,8 @@ class Background:
                 (context() if context is not None else contextlib.nullcontext()):
             compile_pass.probe_isa(s, p, device)
             for c in captured:
+                # before dynamo's entry, which runs for a while before its first pause point
+                pacing.pause_point()
                 region = shapes.shaped_call(s.entry.compiled, c.module, s.shaper(c.module), p.fast)
                 with c.modes():
                     region(*c.args, **c.kwargs)

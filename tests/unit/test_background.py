@@ -482,8 +482,10 @@ def test_a_cpu_compile_pauses_while_a_prompt_runs_and_goes_on_when_idle(host_sta
             progress[0] += 1
             torch.fx.Interpreter(graph).run(torch.ones(2))
     job = background.submit(compile_like, "a model", yields=True)
-    assert job.started.wait(10)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 120  # (a first job imports the pause points' torch modules)
+    while not progress[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert progress[0], "the job never reached its loop"
     host_state["idle"] = False
     deadline = time.monotonic() + 5
     while not job.paused and time.monotonic() < deadline:
@@ -551,6 +553,41 @@ def test_a_yielding_compile_probes_the_cpu_isas_one_at_a_time_after_pause_points
     assert job.done.wait(10) and job.error is None
     compile_pass.probe_isa(state, first, CPU)  # a foreground compile
     assert calls == [(pacing.pause_point, True), (None, False)]
+
+
+def test_a_yielding_compile_pauses_before_it_enters_dynamo_for_a_region(wan, wan_inputs, host_state, monkeypatch):
+    """Dynamo's entry runs a while before its first pause point: a prompt that began during the
+    compile's last set-up step (the CPU ISA probe) had steps stalled 0.2-0.6 s. A yielding job
+    pauses before it enters dynamo for a region while the server is busy, and goes on when idle."""
+    from torch._dynamo.utils import counters
+    from compile_core.run import compile_pass
+    model = wan.Model(n_blocks=2).eval()
+    x, t = wan_inputs()
+    ref = eager(model, x, t)
+    real_probe = compile_pass.probe_isa
+
+    def probe_then_a_prompt(*args):
+        real_probe(*args)
+        host_state["idle"] = False  # a prompt came during the probe
+    monkeypatch.setattr(compile_pass, "probe_isa", probe_then_a_prompt)
+    host_state["idle"] = True
+    cm = engine.prepare(model, _bg())
+    frames = counters["frames"]["total"]
+    with cm.sampling_run():
+        torch.testing.assert_close(run(cm, model, x, t), ref)
+    job = cm.background.job
+    deadline = time.monotonic() + 120
+    while not job.paused and not job.done.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job.paused and counters["frames"]["total"] == frames  # paused before dynamo's entry
+    time.sleep(3 * pacing.POLL)
+    assert job.paused and counters["frames"]["total"] == frames
+    host_state["idle"] = True
+    assert job.done.wait(300) and job.error is None and background.wait_idle(300)
+    assert counters["frames"]["total"] > frames and cm.entry.graphs == 1
+    with cm.sampling_run():
+        torch.testing.assert_close(run(cm, model, x, t), ref)
+    assert cm.swapped_at == 2
 
 
 def test_a_paused_compile_goes_on_while_another_thread_needs_dynamo(host_state):
