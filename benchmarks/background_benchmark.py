@@ -57,6 +57,7 @@ from harness import (FOREGROUND, NODE_DEFAULTS, ComfyHost, make_tiny_wan,  # noq
 
 VARIANTS = {"eager": None, "foreground": FOREGROUND, "defaults": NODE_DEFAULTS}
 CALL = re.compile(r"TCSTest: call (\d+) regions compiled (\d+) at ([\d.]+)")
+BESIDE = re.compile(r"beside prompts it used ([\d.]+) s of CPU in (\d+) stretch\(es\), at most (\d+) ms in one")
 TARGET_FIRST_RUN = 1.15
 TARGET_WHILE_COMPILING = 1.3
 TARGET_RESTART = 0.15
@@ -264,6 +265,7 @@ def summarise(res: dict) -> dict:
     out.update(_nearby("defaults", compiling))
     out.update(_nearby("eager", out["eager"][1:]))
     out["defaults_max_rel_l2"] = max(r["rel_l2_vs_eager"] for r in d)
+    out["defaults_beside_prompts"] = beside_prompts(res["defaults"]["log"], len(compiling), eager_run)
     restart_log = "\n".join(res["restart"]["log"])
     out["restart_traced_nothing"] = ("saved region(s), no trace" in restart_log
                                      and "AOT compile of" not in restart_log and "tracing another" not in restart_log
@@ -275,6 +277,28 @@ def summarise(res: dict) -> dict:
         "restart": out["restart_traced_nothing"] and out["restart_vs_cold"] <= TARGET_RESTART,
         "output": out["defaults_max_rel_l2"] <= 1e-3}
     return out
+
+
+def beside_prompts(pack_lines: list[str], runs: int, eager_run: float) -> dict | None:
+    """What the background compile's thread ran while prompts ran, as the pack's log line of the
+    finished compile says (``pacing.Beside``); None where it ran beside none (or did not finish)."""
+    found = next((BESIDE.search(ln) for ln in pack_lines if BESIDE.search(ln)), None)
+    if found is None:
+        return None
+    cpu_s, stretches, longest_ms = float(found[1]), int(found[2]), int(found[3])
+    return {"cpu_s": cpu_s, "stretches": stretches, "longest_ms": longest_ms,
+            "per_run_ms": round(1000 * cpu_s / max(runs, 1), 1),
+            "longest_vs_eager_run": round(longest_ms / 1000 / eager_run, 4)}
+
+
+def _beside_text(b: dict | None) -> str:
+    if b is None:
+        return "- The compile's thread ran beside no prompt, by the pack's record."
+    return (f"- What the compile's thread ran beside prompts, by the pack's own record (its CPU time "
+            f"from the last check that found the server idle to its pause; an upper bound): "
+            f"{b['cpu_s']} s in {b['stretches']} stretches, {b['per_run_ms']} ms a run on average, "
+            f"at most {b['longest_ms']} ms in one ({100 * b['longest_vs_eager_run']:.1f} % of an "
+            "eager run).")
 
 
 def markdown(summary: dict, info: dict, args) -> str:
@@ -313,6 +337,7 @@ def markdown(summary: dict, info: dict, args) -> str:
               f"- The eager server's own later runs, with no compile anywhere, against the eager runs before "
               f"and after them (this machine's variation): {_later('eager', summary)}; its worst "
               f"{summary['eager_worst_later_run_vs_median']}x its median.",
+              _beside_text(summary.get("defaults_beside_prompts")),
               f"- Restart in a new container: traced nothing: {summary['restart_traced_nothing']}; first run "
               f"{summary['restart_vs_cold']}x the foreground's cold first run (target <= {TARGET_RESTART}: "
               f"{'met' if t['restart'] else 'missed'}).",

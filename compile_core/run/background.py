@@ -50,6 +50,7 @@ class Job:
         self.started = threading.Event()  # the worker runs it (a yielding job: the host was idle)
         self.pauses, self.paused_s = 0, 0.0  # while prompts ran (``pacing``)
         self.paused = False  # sleeping in a pause now
+        self.beside: pacing.Beside | None = None  # a yielding job's time beside prompts
         self.context = contextvars.copy_context()
         self.done = threading.Event()
         self.error: BaseException | None = None

@@ -54,7 +54,7 @@ def begin(state: ModelState, modules: list[nn.Module], device: torch.device, kee
 def probe_isa(state: ModelState, p: CompilePass, device: torch.device) -> None:
     if p.first_compile and device.type == "cpu" and state.settings.backend == "inductor":
         # side by side, not one ISA after another; one at a time where the compile yields
-        cpu_isa.probe(pacing.pause_point if pacing.in_yielding_job() else None)
+        cpu_isa.probe(pacing.lowered_step if pacing.in_yielding_job() else None)
 
 
 def finish(state: ModelState, p: CompilePass, device: torch.device, where: str = "") -> bool:

@@ -10,7 +10,8 @@ gives way to prompts (``paced``):
   sleeping without the interpreter lock until the host is idle again; at each point it gives
   back the OpenMP thread team its last parallel op left (``openmp``);
 - where it waits for child processes of its own (torch's CPU ISA probe: a C++ build and a
-  Python that loads it, per ISA) it runs them one at a time, each after a ``pause_point``;
+  Python that loads it, per ISA) it runs them one at a time, each after a ``pause_point`` and
+  started at the lowest CPU priority (``lowered_step``);
 - the C++ compilers the process runs meanwhile (inductor's g++ and the like) run at the lowest
   CPU priority (``_Compilers``; on Linux the idle scheduling class): they take the cores only
   when the prompt leaves them free. The compile's own thread keeps its priority: a thread that
@@ -29,15 +30,17 @@ A pause must never hold something the prompt needs:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from ..report import log
 from ..torch_support import hooks, openmp
 
+T = TypeVar("T")
 CHECK_INTERVAL = 0.02  # s between the questions at the pause points
 POLL = 0.05  # s between questions while paused or waiting to start
 _IDLE_CHECK: list[Callable[[], bool]] = [lambda: True]
@@ -91,10 +94,12 @@ def start_when_idle(label: str) -> float:
 
 
 class _Pacer:
-    """Called at the pause points: pauses the job while the host is busy."""
+    """Called at the pause points: pauses the job while the host is busy, and records what the
+    job ran beside prompts (``Beside``)."""
 
     def __init__(self, job):
         self.job, self.next_check = job, 0.0
+        self.beside = job.beside = Beside()
 
     def __call__(self, force: bool = False):
         now = time.monotonic()
@@ -104,8 +109,13 @@ class _Pacer:
         # a team this thread's last parallel op left (an input copy, a graph's first run) slows
         # every parallel op of a prompt while it lives, paused or not (``openmp``)
         openmp.release_thread_team()
-        if _may_run() or not _safe_to_pause(sys._getframe(1)):
+        if _may_run():
+            self.beside.free()
             return
+        self.beside.busy = True
+        if not _safe_to_pause(sys._getframe(1)):
+            return
+        self.beside.free()
         self.job.pauses += 1
         if self.job.pauses == 1:
             log.info("the background compile of %s pauses while prompts run, and goes on when "
@@ -118,6 +128,39 @@ class _Pacer:
             self.job.paused = False
         self.job.paused_s += time.monotonic() - now
         self.next_check = time.monotonic() + CHECK_INTERVAL
+        self.beside.mark()
+
+
+class Beside:
+    """The CPU time a yielding job's thread used while the host was busy: from the last check
+    that found it idle (or the job's start, or the end of a pause) to the pause, or to the next
+    check that found it idle where it could not pause before. An upper bound of what the job's
+    thread took from prompts (a prompt may have started after that check). ``cpu_s`` in all,
+    ``longest`` in one such stretch, over ``stretches``. The C++ compilers it starts meanwhile
+    run at the lowest priority (``_Compilers``) and are not counted."""
+
+    def __init__(self):
+        self.cpu_s = self.longest = 0.0
+        self.stretches = 0
+        self.mark()
+
+    def mark(self) -> None:
+        self.since, self.busy = time.thread_time(), False  # ``busy``: a check since found it so
+
+    def free(self) -> None:
+        """At a check that found the host idle, or at a pause: the stretch since the mark."""
+        if self.busy:
+            used = time.thread_time() - self.since
+            self.cpu_s += used
+            self.longest = max(self.longest, used)
+            self.stretches += 1
+        self.mark()
+
+    def text(self) -> str:
+        if not self.stretches:
+            return ""
+        return (f"; beside prompts it used {self.cpu_s:.2f} s of CPU in {self.stretches} "
+                f"stretch(es), at most {1000 * self.longest:.0f} ms in one")
 
 
 def in_yielding_job() -> bool:
@@ -131,6 +174,45 @@ def pause_point() -> None:
     pacer = getattr(_in_job, "pacer", None)
     if pacer is not None:
         pacer(force=True)
+
+
+def lowered_step(fn: Callable[[], T]) -> T:
+    """A yielding job's step that waits for child processes (torch's CPU ISA check: a C++ build
+    and a Python that loads it): after a ``pause_point``, ``fn`` runs in a helper thread at the
+    lowest CPU priority, and the processes it starts inherit that priority from their first
+    instruction. ``_Compilers`` lowers a compiler only once it sees it (up to
+    ``RENICE_INTERVAL`` later, and its own children may start before that) and a loader child
+    not at all: a check that a prompt met ran beside it at normal priority (a prompt's step
+    stalled up to 0.39 s at the job's first pause, which came in the probe). The job's thread
+    only waits meanwhile; the helper has the job's context variables (torch's config)."""
+    pause_point()
+    context, out = contextvars.copy_context(), {}
+
+    def helper():
+        _lower_this_thread()
+        try:
+            out["value"] = context.run(fn)
+        except BaseException as exc:  # noqa: BLE001 - raised again on the job's thread
+            out["error"] = exc
+    thread = threading.Thread(target=helper, name="tcs-lowered-step", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _lower_this_thread() -> None:
+    """The calling thread (Linux: one task) in the idle scheduling class, or at nice 19 where
+    that class is refused; elsewhere unchanged (a thread's priority is not inherited there)."""
+    idle = getattr(os, "SCHED_IDLE", None)
+    if idle is None or not hasattr(os, "sched_setscheduler"):
+        return
+    try:
+        os.sched_setscheduler(0, idle, os.sched_param(0))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, 19)
 
 
 @contextlib.contextmanager

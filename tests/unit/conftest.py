@@ -10,11 +10,14 @@ automatic-dynamic size history, without the cost of ``torch._dynamo.reset()``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
+import sys
 import types
 
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +39,18 @@ def pack_records(caplog, level=logging.WARNING):
 
 
 from tcs_toy_models import make_wan_classes, own_code  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def import_benchmark():
+    """``import_benchmark(name)``: a script of ``benchmarks/`` as a module (its folder is on
+    ``sys.path`` while the test module runs, as the scripts import each other)."""
+    folder = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        yield importlib.import_module
+    finally:
+        sys.path.remove(folder)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Compile in a worker thread while the model runs eagerly, then swap at a call."""
 import contextlib
+import os
 import threading
 import time
 
@@ -504,6 +505,52 @@ def test_a_cpu_compile_pauses_while_a_prompt_runs_and_goes_on_when_idle(host_sta
     assert released and set(released) == set(job_thread), (released, job_thread)  # by the job's thread only
 
 
+def _burn_cpu(seconds: float) -> None:
+    """A stretch without pause points (as a C++ call of the compiler's) that uses this thread's CPU."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_yielding_job_records_how_long_it_ran_beside_prompts(host_state):
+    """What a yielding job ran while the server was busy is recorded (an upper bound of what
+    it took from prompts, said in the finished compile's log line): up to the pause where it
+    paused, and up to the next idle check where it could not pause before the prompt ended."""
+    host_state["idle"] = True
+
+    def job_fn():
+        pacing.pause_point()  # idle: on it goes
+        host_state["idle"] = False  # a prompt comes while the job is inside a long stretch
+        _burn_cpu(0.3)
+        pacing.pause_point()  # pauses until the test says idle
+        with pacing.unpaused():  # a stretch it cannot pause inside, and the prompt ends meanwhile
+            host_state["idle"] = False
+            _burn_cpu(0.2)
+            pacing.pause_point()
+            host_state["idle"] = True
+        pacing.pause_point()
+    job = background.submit(job_fn, "a model", yields=True)
+    deadline = time.monotonic() + 120  # (a first job imports the pause points' torch modules)
+    while not job.paused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job.paused
+    time.sleep(0.3)
+    host_state["idle"] = True
+    assert job.done.wait(10) and job.error is None and job.pauses == 1
+    beside = job.beside
+    assert beside.stretches == 2 and 0.5 <= beside.cpu_s < 1.0, vars(beside)
+    assert 0.3 <= beside.longest < 0.5, vars(beside)
+    assert beside.text() == (f"; beside prompts it used {beside.cpu_s:.2f} s of CPU in 2 stretch(es), "
+                             f"at most {1000 * beside.longest:.0f} ms in one")
+
+
+def test_a_yielding_job_that_never_met_a_busy_server_ran_beside_no_prompt(host_state):
+    host_state["idle"] = True
+    job = background.submit(lambda: [_burn_cpu(0.1), pacing.pause_point()], "a model", yields=True)
+    assert job.done.wait(120) and job.error is None
+    assert job.pauses == 0 and job.beside.stretches == 0 and job.beside.text() == ""
+
+
 def test_a_yielding_jobs_own_pause_point_waits_while_the_server_is_busy(host_state):
     """``pacing.pause_point``, between steps a compile cannot pause inside (each waits for a
     child process): in a yielding job it pauses there while the server is busy, and goes on
@@ -545,14 +592,52 @@ def test_a_yielding_compile_probes_the_cpu_isas_one_at_a_time_after_pause_points
     from compile_core.torch_support import cpu_isa
     calls = []
     monkeypatch.setattr(cpu_isa, "probe",
-                        lambda before_each=None: calls.append((before_each, pacing.in_yielding_job())) or True)
+                        lambda each=None: calls.append((each, pacing.in_yielding_job())) or True)
     state = types.SimpleNamespace(settings=types.SimpleNamespace(backend="inductor"))
     first = types.SimpleNamespace(first_compile=True)
     host_state["idle"] = True
     job = background.submit(lambda: compile_pass.probe_isa(state, first, CPU), "a model", yields=True)
     assert job.done.wait(10) and job.error is None
     compile_pass.probe_isa(state, first, CPU)  # a foreground compile
-    assert calls == [(pacing.pause_point, True), (None, False)]
+    assert calls == [(pacing.lowered_step, True), (None, False)]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="the idle scheduling class is Linux's")
+def test_a_yielding_jobs_lowered_step_starts_its_child_processes_at_the_lowest_priority(host_state):
+    """A step that waits for child processes (torch's CPU ISA check) runs after a pause point
+    in a helper thread in the idle scheduling class, which its children inherit from the start;
+    the job's own thread keeps its priority (it holds the interpreter lock the prompt needs)."""
+    import contextvars
+    import subprocess
+    import sys
+    var = contextvars.ContextVar("tcs_test_var", default="unset")
+    host_state["idle"], seen = True, {}
+
+    def step():
+        seen["helper"] = (threading.get_ident(), os.sched_getscheduler(0), var.get())
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
+                               capture_output=True, text=True, check=True)
+        return int(child.stdout)
+
+    def job_fn():
+        var.set("the job's")
+        seen["job"] = threading.get_ident()
+        host_state["idle"] = False  # a prompt: the step waits at its pause point until idle
+        seen["child"] = pacing.lowered_step(step)
+        seen["job_policy"] = os.sched_getscheduler(0)
+        with pytest.raises(ZeroDivisionError):
+            pacing.lowered_step(lambda: 1 / 0)
+    job = background.submit(job_fn, "a model", yields=True)
+    deadline = time.monotonic() + 120
+    while not job.paused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job.paused and "helper" not in seen
+    host_state["idle"] = True
+    assert job.done.wait(60) and job.error is None, job.error
+    helper, policy, value = seen["helper"]
+    assert helper != seen["job"] and policy == os.SCHED_IDLE and value == "the job's"
+    assert seen["child"] == os.SCHED_IDLE and seen["job_policy"] == os.SCHED_OTHER
+    assert job.pauses == 1
 
 
 def test_a_yielding_compile_pauses_before_it_enters_dynamo_for_a_region(wan, wan_inputs, host_state, monkeypatch):

@@ -4,7 +4,6 @@ taken over by the time the benchmark stopped calling (a CPU dry run of the check
 printed "from model call None" then)."""
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def gpu_check():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        yield importlib.import_module("gpu_check")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def gpu_check(import_benchmark):
+    return import_benchmark("gpu_check")
 
 
 JUNIT = """<testsuites><testsuite name="pytest" tests="3" failures="1" errors="0" skipped="1">

@@ -270,7 +270,7 @@ def test_parallel_isa_probe_gives_torchs_own_answer(tmp_path):
            {k: v for k, v in got["sequential"].items() if k != "settled"}
 
 
-def test_with_a_pause_point_the_isa_probe_checks_one_isa_at_a_time_after_it():
+def test_with_a_step_runner_the_isa_probe_checks_one_isa_at_a_time_through_it():
     """FAKE ISAs (each stands for torch's check of one ISA: a C++ build and a child process
     that loads it), in a child process whose torch has probed nothing yet."""
     if sys.platform != "linux" or __import__("platform").machine() != "x86_64":
@@ -291,7 +291,7 @@ def test_with_a_pause_point_the_isa_probe_checks_one_isa_at_a_time_after_it():
                 return True
         v.supported_vec_isa_list = [FakeIsa("avx512"), FakeIsa("avx2"), FakeIsa("neon")]
         v.x86_isa_checker = lambda: ["avx512", "avx2"]
-        settled = cpu_isa.probe(lambda: events.append(["pause"]))
+        settled = cpu_isa.probe(lambda check: [events.append(["pause"]), check()])
         print(json.dumps({"settled": settled, "events": events[:4]}))
     """)
     assert got == {"settled": True, "events": [["pause"], ["check", "avx512", True],
