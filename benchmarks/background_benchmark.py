@@ -295,7 +295,8 @@ def _beside_text(b: dict | None) -> str:
     if b is None:
         return "- The compile's thread ran beside no prompt, by the pack's record."
     return (f"- What the compile's thread ran beside prompts, by the pack's own record (its CPU time "
-            f"from the last check that found the server idle to its pause; an upper bound): "
+            f"from the last check that found the server idle to its pause; prompts that began and "
+            f"ended between two of its checks are not seen): "
             f"{b['cpu_s']} s in {b['stretches']} stretches, {b['per_run_ms']} ms a run on average, "
             f"at most {b['longest_ms']} ms in one ({100 * b['longest_vs_eager_run']:.1f} % of an "
             "eager run).")

@@ -134,9 +134,10 @@ class _Pacer:
 class Beside:
     """The CPU time a yielding job's thread used while the host was busy: from the last check
     that found it idle (or the job's start, or the end of a pause) to the pause, or to the next
-    check that found it idle where it could not pause before. An upper bound of what the job's
-    thread took from prompts (a prompt may have started after that check). ``cpu_s`` in all,
-    ``longest`` in one such stretch, over ``stretches``. The C++ compilers it starts meanwhile
+    check that found it idle where it could not pause before. It counts only stretches in which
+    a check found the host busy: a prompt that began and ended between two checks (the job
+    waiting for its compilers, or in a stretch without a pause point) is not seen. ``cpu_s`` in
+    all, ``longest`` in one such stretch, over ``stretches``. The C++ compilers the job starts
     run at the lowest priority (``_Compilers``) and are not counted."""
 
     def __init__(self):
@@ -182,9 +183,10 @@ def lowered_step(fn: Callable[[], T]) -> T:
     lowest CPU priority, and the processes it starts inherit that priority from their first
     instruction. ``_Compilers`` lowers a compiler only once it sees it (up to
     ``RENICE_INTERVAL`` later, and its own children may start before that) and a loader child
-    not at all: a check that a prompt met ran beside it at normal priority (a prompt's step
-    stalled up to 0.39 s at the job's first pause, which came in the probe). The job's thread
-    only waits meanwhile; the helper has the job's context variables (torch's config)."""
+    not at all: a check that a prompt met ran beside it at normal priority (prompts near the
+    job's first pause, which a record placed in the probe, had steps stalled 0.15-0.39 s). The
+    job's thread only waits meanwhile; the helper has the job's context variables (torch's
+    config)."""
     pause_point()
     context, out = contextvars.copy_context(), {}
 
