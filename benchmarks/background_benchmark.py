@@ -295,8 +295,9 @@ def _beside_text(b: dict | None) -> str:
     if b is None:
         return "- The compile's thread ran beside no prompt, by the pack's record."
     return (f"- What the compile's thread ran beside prompts, by the pack's own record (its CPU time "
-            f"from the last check that found the server idle to its pause; prompts that began and "
-            f"ended between two of its checks are not seen): "
+            f"in each stretch between two of its checks, or up to a pause, that a prompt met: one "
+            f"a check found running, or one that the server's count of started prompts shows "
+            f"began meanwhile; a whole stretch counts, so this is at most what it took): "
             f"{b['cpu_s']} s in {b['stretches']} stretches, {b['per_run_ms']} ms a run on average, "
             f"at most {b['longest_ms']} ms in one ({100 * b['longest_vs_eager_run']:.1f} % of an "
             "eager run).")

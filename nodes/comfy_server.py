@@ -1,5 +1,5 @@
-"""ComfyUI's server (``PromptServer``): the node badge's status messages and whether the server
-is idle.
+"""ComfyUI's server (``PromptServer``): the node badge's status messages, whether the server
+is idle and how many prompts it has started.
 
 ``server`` is imported where it is used, so importing this module needs no server: the
 benchmarks import the compiled-call path with ComfyUI's packages alone.
@@ -17,6 +17,14 @@ def server_idle() -> bool:
     from server import PromptServer
     instance = getattr(PromptServer, "instance", None)
     return instance is None or instance.prompt_queue.get_tasks_remaining() == 0
+
+
+def prompts_started() -> int:
+    """How many prompts this server's worker has taken from its queue (``PromptQueue``'s
+    ``task_counter``); 0 outside a server."""
+    from server import PromptServer
+    instance = getattr(PromptServer, "instance", None)
+    return 0 if instance is None else int(instance.prompt_queue.task_counter)
 
 
 def send_status(payload: dict) -> None:

@@ -44,6 +44,7 @@ T = TypeVar("T")
 CHECK_INTERVAL = 0.02  # s between the questions at the pause points
 POLL = 0.05  # s between questions while paused or waiting to start
 _IDLE_CHECK: list[Callable[[], bool]] = [lambda: True]
+_STARTED: list[Callable[[], int]] = [lambda: 0]  # the host's count of prompts started so far
 _waiters = 0
 _lock = threading.Lock()
 # frames of these modules may hold a lock the prompt's thread takes too: no pause inside them
@@ -51,9 +52,12 @@ _NO_PAUSE_IN = ("logging", "importlib._bootstrap", "importlib._bootstrap_externa
 _unpaused = threading.local()  # ``depth``: inside ``unpaused`` on this thread
 
 
-def set_idle_check(check: Callable[[], bool]) -> None:
-    """The host's "nothing is running or queued" test (default: always idle)."""
+def set_idle_check(check: Callable[[], bool], started: Callable[[], int] | None = None) -> None:
+    """The host's "nothing is running or queued" test (default: always idle) and, where it has
+    one, its count of the prompts it has started so far: with it a job's record (``Beside``)
+    sees a prompt that began and ended between two of the job's checks."""
     _IDLE_CHECK[0] = check
+    _STARTED[0] = started or (lambda: 0)
 
 
 def host_idle() -> bool:
@@ -63,6 +67,17 @@ def host_idle() -> bool:
         log.warn_once("bg-idle-check", "could not tell whether the server is idle (%s: %s); the "
                       "background compile runs on", type(exc).__name__, exc)
         return True
+
+
+def prompts_started() -> int:
+    """The host's count of prompts started (0 where it has none or cannot say)."""
+    try:
+        return int(_STARTED[0]())
+    except Exception as exc:  # noqa: BLE001 - a broken count only blinds the record
+        log.warn_once("bg-prompt-count", "could not count the server's prompts (%s: %s); the "
+                      "background compile's record of what it ran beside them misses some",
+                      type(exc).__name__, exc)
+        return 0
 
 
 @contextlib.contextmanager
@@ -132,30 +147,40 @@ class _Pacer:
 
 
 class Beside:
-    """The CPU time a yielding job's thread used while the host was busy: from the last check
-    that found it idle (or the job's start, or the end of a pause) to the pause, or to the next
-    check that found it idle where it could not pause before. It counts only stretches in which
-    a check found the host busy: a prompt that began and ended between two checks (the job
-    waiting for its compilers, or in a stretch without a pause point) is not seen. ``cpu_s`` in
-    all, ``longest`` in one such stretch, over ``stretches``. The C++ compilers the job starts
-    run at the lowest priority (``_Compilers``) and are not counted."""
+    """The CPU time a yielding job's thread used beside prompts: each stretch from one check
+    (or the job's start, or the end of a pause) to the next, or to the pause, in which a check
+    found the host busy or the host started a prompt (``set_idle_check``'s count: a prompt
+    that began and ended between two checks, while the job waited for its compilers or ran a
+    stretch without a pause point). Where the host counts its prompts this is an upper bound
+    of what the job's thread took from them: a whole stretch counts, however little of it a
+    prompt met. ``cpu_s`` in all, ``longest`` in one stretch, over ``stretches``. The C++
+    compilers and checks the job starts run at the lowest priority (``_Compilers``,
+    ``lowered_step``) and are not counted."""
 
     def __init__(self):
         self.cpu_s = self.longest = 0.0
         self.stretches = 0
         self.mark()
 
-    def mark(self) -> None:
-        self.since, self.busy = time.thread_time(), False  # ``busy``: a check since found it so
+    def mark(self, started: int | None = None) -> None:
+        # ``busy``: a check since found it so; ``started``: the host's prompt count then
+        self.since, self.busy = time.thread_time(), False
+        self.started = prompts_started() if started is None else started
 
     def free(self) -> None:
         """At a check that found the host idle, or at a pause: the stretch since the mark."""
-        if self.busy:
+        started = prompts_started()
+        if self.busy or started != self.started:
             used = time.thread_time() - self.since
             self.cpu_s += used
             self.longest = max(self.longest, used)
             self.stretches += 1
-        self.mark()
+        self.mark(started)
+
+    def end(self) -> None:
+        """At the job's end: its last stretch, if a prompt runs now or began in it."""
+        self.busy = self.busy or not host_idle()
+        self.free()
 
     def text(self) -> str:
         if not self.stretches:
@@ -363,3 +388,4 @@ def paced(job) -> Iterator[None]:
     finally:
         _in_job.others = _in_job.pacer = None
         compilers.stop.set()
+        pacer.beside.end()

@@ -279,6 +279,19 @@ def test_with_the_node_defaults_the_first_run_does_not_wait_for_the_compile(host
     assert rel_l2(host.latent(hist2), eager_ref) < 1e-3
 
 
+def test_the_bridge_tells_a_background_compile_that_a_prompt_runs_and_counts_each_prompt(host, tiny_wan):
+    """A background compile's pacing asks the pack's bridge whether the server is idle and how
+    many prompts it has started (its record of what it ran beside prompts sees a prompt that
+    began and ended between two of its checks): inside a prompt the server is busy, and each
+    prompt counts once."""
+    reports = [host.probe(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=1, prefix=f"count{i}")))
+               for i in range(2)]
+    servers = [r["server"] for r in reports]
+    assert not any(s["idle"] for s in servers), servers
+    assert servers[0]["prompts_started"] >= 1, servers
+    assert servers[1]["prompts_started"] == servers[0]["prompts_started"] + 1, servers
+
+
 def test_a_prompt_that_comes_during_the_compile_pauses_it(host, tiny_wan, eager_ref):
     """A CPU model's compile runs while the server is idle: a prompt that comes meanwhile runs
     (eagerly) without it, the compile pauses until the server is idle again, then finishes."""

@@ -544,6 +544,32 @@ def test_a_yielding_job_records_how_long_it_ran_beside_prompts(host_state):
                              f"at most {1000 * beside.longest:.0f} ms in one")
 
 
+def test_a_yielding_jobs_record_sees_prompts_that_began_and_ended_between_two_checks(host_state,
+                                                                                     monkeypatch):
+    """A prompt can begin and end between two of the job's checks (the job waiting for its
+    compilers, or in a stretch without a pause point): every check finds the server idle, but
+    its count of started prompts moved, and that stretch is recorded; so is a last stretch
+    that a prompt met after the job's last check."""
+    host_state["idle"] = True
+    started = [0]
+    monkeypatch.setattr(pacing, "_STARTED", [lambda: started[0]])
+
+    def job_fn():
+        pacing.pause_point()
+        started[0] += 1  # a prompt starts and ends inside this stretch
+        _burn_cpu(0.3)
+        pacing.pause_point()  # idle again: no pause, but the stretch ran beside that prompt
+        _burn_cpu(0.1)
+        pacing.pause_point()  # idle, no prompt since: not recorded
+        _burn_cpu(0.05)
+        started[0] += 1  # a prompt starts after the last check, as the job ends
+    job = background.submit(job_fn, "a model", yields=True)
+    assert job.done.wait(120) and job.error is None and job.pauses == 0
+    beside = job.beside
+    assert beside.stretches == 2 and 0.35 <= beside.cpu_s < 0.45, vars(beside)
+    assert 0.3 <= beside.longest < 0.4, vars(beside)
+
+
 def test_a_yielding_job_that_never_met_a_busy_server_ran_beside_no_prompt(host_state):
     host_state["idle"] = True
     job = background.submit(lambda: [_burn_cpu(0.1), pacing.pause_point()], "a model", yields=True)

@@ -90,6 +90,9 @@ class TCSTestProbe:
                   "stats": counters.get("stats", {}), "recompiles": counters.get("recompiles", {})}
         if model is not None:
             report.update(_model_report(model))
+        server = _pack_module("comfy_server", "nodes")
+        if server is not None:  # what the pack's bridge tells a background compile of this server
+            report["server"] = {"idle": server.server_idle(), "prompts_started": server.prompts_started()}
         return {"ui": {"probe": [report]}}
 
 
