@@ -51,6 +51,7 @@ class Job:
         self.pauses, self.paused_s = 0, 0.0  # while prompts ran (``pacing``)
         self.paused = False  # sleeping in a pause now
         self.beside: pacing.Beside | None = None  # a yielding job's time beside prompts
+        self.compilers_held = 0  # how many times its compilers were stopped for prompts (``compilers``)
         self.context = contextvars.copy_context()
         self.done = threading.Event()
         self.error: BaseException | None = None

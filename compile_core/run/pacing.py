@@ -13,10 +13,9 @@ gives way to prompts (``paced``):
   Python that loads it, per ISA) it runs them one at a time, each after a ``pause_point`` and
   started at the lowest CPU priority (``lowered_step``);
 - the C++ compilers the process runs meanwhile (inductor's g++ and the like) run at the lowest
-  CPU priority (``_Compilers``; on Linux the idle scheduling class): they take the cores only
-  when the prompt leaves them free. The compile's own thread keeps its priority: a thread that
-  holds the interpreter lock must not wait for a core behind the compilers while the sampling
-  thread waits for the lock.
+  CPU priority, and the job's own are stopped while the host is busy (``compilers``). The
+  compile's own thread keeps its priority: a thread that holds the interpreter lock must not
+  wait for a core behind the compilers while the sampling thread waits for the lock.
 
 A pause must never hold something the prompt needs:
 - not inside the logging or import machinery (their locks), nor inside ``unpaused`` (the pack's
@@ -39,6 +38,7 @@ from typing import Callable, Iterator, TypeVar
 
 from ..report import log
 from ..torch_support import hooks, openmp
+from .compilers import Compilers
 
 T = TypeVar("T")
 CHECK_INTERVAL = 0.02  # s between the questions at the pause points
@@ -154,8 +154,8 @@ class Beside:
     stretch without a pause point). Where the host counts its prompts this is an upper bound
     of what the job's thread took from them: a whole stretch counts, however little of it a
     prompt met. ``cpu_s`` in all, ``longest`` in one stretch, over ``stretches``. The C++
-    compilers and checks the job starts run at the lowest priority (``_Compilers``,
-    ``lowered_step``) and are not counted."""
+    compilers and checks the job starts run at the lowest priority and stop while the host is
+    busy (``compilers``, ``lowered_step``); they are not counted."""
 
     def __init__(self):
         self.cpu_s = self.longest = 0.0
@@ -206,21 +206,26 @@ def lowered_step(fn: Callable[[], T]) -> T:
     """A yielding job's step that waits for child processes (torch's CPU ISA check: a C++ build
     and a Python that loads it): after a ``pause_point``, ``fn`` runs in a helper thread at the
     lowest CPU priority, and the processes it starts inherit that priority from their first
-    instruction. ``_Compilers`` lowers a compiler only once it sees it (up to
-    ``RENICE_INTERVAL`` later, and its own children may start before that) and a loader child
-    not at all: a check that a prompt met ran beside it at normal priority (prompts near the
+    instruction. ``compilers.Compilers`` lowers (and stops) a compiler only once it sees it
+    (up to ``RENICE_INTERVAL`` later, and its own children may start before that) and a
+    loader child not at all: a check that a prompt met ran beside it at normal priority (prompts near the
     job's first pause, which a record placed in the probe, had steps stalled 0.15-0.39 s). The
     job's thread only waits meanwhile; the helper has the job's context variables (torch's
     config)."""
     pause_point()
     context, out = contextvars.copy_context(), {}
+    compilers = getattr(_in_job, "compilers", None)
 
     def helper():
+        owners = compilers.owners if compilers is not None else set()  # its compilers are the job's
+        owners.add(threading.get_native_id())
         _lower_this_thread()
         try:
             out["value"] = context.run(fn)
         except BaseException as exc:  # noqa: BLE001 - raised again on the job's thread
             out["error"] = exc
+        finally:
+            owners.discard(threading.get_native_id())
     thread = threading.Thread(target=helper, name="tcs-lowered-step", daemon=True)
     thread.start()
     thread.join()
@@ -271,121 +276,23 @@ def _other_thread_in_dynamo() -> bool:
     return True if others is None else others(threading.get_ident())
 
 
-_in_job = threading.local()  # the running job's ``others`` (``hooks.compile_lock_users``), ``pacer``
-
-
-# the processes a compile starts (inductor's C++ builds, Triton's ptxas): lowered while a job runs
-COMPILERS = frozenset({"cc1plus", "cc1", "g++", "gcc", "c++", "cc", "clang", "clang++", "as", "ld",
-                       "collect2", "ptxas", "nvcc", "cl.exe", "link.exe"})
-RENICE_INTERVAL = 0.05  # s: a compiler runs at most this long at its normal priority
-
-
-class _Compilers:
-    """While a job runs, a thread gives the process's compiler children the lowest priority."""
-
-    def __init__(self):
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="tcs-compile-priority", daemon=True)
-
-    def _loop(self) -> None:
-        try:
-            import psutil  # (ComfyUI's own dependency)
-        except ImportError:
-            return
-        me, seen = psutil.Process(), set()
-        while not self.stop.wait(RENICE_INTERVAL):
-            try:
-                children = _descendants(me, psutil)
-            except psutil.Error:
-                continue
-            for child in children:
-                self._lower(child, seen, psutil)
-
-    @staticmethod
-    def _lower(child, seen: set, psutil) -> None:
-        """Lowest priority for ``child`` if it is a compiler. ``seen``: the compilers lowered (a
-        psutil.Process is equal by pid and start time, so a reused pid is another process);
-        others are asked again, as a child just forked has its parent's name until it runs
-        the compiler."""
-        if child in seen:
-            return
-        try:
-            if child.name() in COMPILERS:
-                _lowest_priority(child, psutil)
-                seen.add(child)
-        except (psutil.Error, OSError):
-            pass
-
-
-def _descendants(me, psutil) -> list:
-    """``me``'s child processes, theirs, and so on. On Linux from each thread's ``children``
-    file in /proc (a few small reads, under 0.1 ms), not psutil's scan of every process on the
-    machine: 8 ms with 460 processes, under the interpreter lock, every ``RENICE_INTERVAL``.
-    Elsewhere, or where the kernel has no such file, psutil's."""
-    pids = _linux_descendants(me.pid)
-    if pids is None:
-        return me.children(recursive=True)
-    found = []
-    for pid in pids:
-        try:
-            found.append(psutil.Process(pid))
-        except psutil.Error:  # (it ended meanwhile)
-            pass
-    return found
-
-
-def _linux_descendants(root: int) -> list[int] | None:
-    """The descendants of process ``root`` from /proc/<pid>/task/<tid>/children; None where
-    ``root`` has no such file."""
-    if not os.path.isfile(f"/proc/{root}/task/{root}/children"):
-        return None
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:  # (it ended meanwhile)
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            found += kids
-            todo += kids
-    return found
-
-
-def _lowest_priority(child, psutil) -> None:
-    """Linux: the idle scheduling class, which runs the process only on a core nothing else
-    wants (its C++ compilers inherit it). At nice 19 a g++ beside a prompt still took its
-    share of each core: eager steps of a tiny WAN beside a g++ loop were up to 2x slower
-    (198 ms against 87-133 ms with no compiler), at the idle class 93-102 ms at worst. Where
-    that class is refused or missing: nice 19; on Windows the idle priority class."""
-    if os.name == "nt":
-        child.nice(psutil.IDLE_PRIORITY_CLASS)
-        return
-    idle = getattr(os, "SCHED_IDLE", None)
-    if idle is not None and hasattr(os, "sched_setscheduler") and child.is_running():
-        try:
-            os.sched_setscheduler(child.pid, idle, os.sched_param(0))
-            return
-        except OSError:
-            pass
-    child.nice(19)
+_in_job = threading.local()  # the job's ``others`` (``hooks.compile_lock_users``), ``pacer``, ``compilers``
 
 
 @contextlib.contextmanager
 def paced(job) -> Iterator[None]:
     """Inside the block the calling thread gives way to prompts (module docstring)."""
-    compilers, pacer = _Compilers(), _Pacer(job)
-    compilers.thread.start()
-    try:
-        with hooks.compile_lock_users() as others, hooks.pause_points(pacer):
-            _in_job.others, _in_job.pacer = others, pacer
+    pacer, me = _Pacer(job), threading.get_ident()
+    with hooks.compile_lock_users() as others, hooks.pause_points(pacer):
+        held = Compilers(lambda: _may_run() or others(me))
+        held.owners.add(threading.get_native_id())
+        held.thread.start()
+        _in_job.others, _in_job.pacer, _in_job.compilers = others, pacer, held
+        try:
             yield
-    finally:
-        _in_job.others = _in_job.pacer = None
-        compilers.stop.set()
-        pacer.beside.end()
+        finally:
+            _in_job.others = _in_job.pacer = _in_job.compilers = None
+            held.stop.set()
+            held.thread.join(5)  # (it continues the compilers it stopped)
+            pacer.beside.end()
+            job.compilers_held = held.held

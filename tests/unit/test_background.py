@@ -641,15 +641,18 @@ def test_a_yielding_jobs_lowered_step_starts_its_child_processes_at_the_lowest_p
 
     def step():
         seen["helper"] = (threading.get_ident(), os.sched_getscheduler(0), var.get())
+        seen["owned"] = threading.get_native_id() in seen["owners"]  # its compilers are the job's
         child = subprocess.run([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
                                capture_output=True, text=True, check=True)
         return int(child.stdout)
 
     def job_fn():
         var.set("the job's")
-        seen["job"] = threading.get_ident()
+        seen["job"], seen["owners"] = threading.get_ident(), pacing._in_job.compilers.owners
+        seen["job_native"] = threading.get_native_id()
         host_state["idle"] = False  # a prompt: the step waits at its pause point until idle
         seen["child"] = pacing.lowered_step(step)
+        seen["owners_after"] = set(seen["owners"])
         seen["job_policy"] = os.sched_getscheduler(0)
         with pytest.raises(ZeroDivisionError):
             pacing.lowered_step(lambda: 1 / 0)
@@ -663,6 +666,7 @@ def test_a_yielding_jobs_lowered_step_starts_its_child_processes_at_the_lowest_p
     helper, policy, value = seen["helper"]
     assert helper != seen["job"] and policy == os.SCHED_IDLE and value == "the job's"
     assert seen["child"] == os.SCHED_IDLE and seen["job_policy"] == os.SCHED_OTHER
+    assert seen["owned"] and seen["owners_after"] == {seen["job_native"]}, seen
     assert job.pauses == 1
 
 

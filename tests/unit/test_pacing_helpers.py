@@ -1,7 +1,8 @@
 """What a background compile that yields to prompts relies on (``compile_core/run/pacing.py``):
 
-- ``_Compilers``: the C++ compilers it starts run at the lowest priority. The compiler is a
-  FAKE: a ``sleep`` child of this process, its name added to ``COMPILERS``.
+- ``compilers``: the C++ compilers it starts run at the lowest priority, and the job's own stop
+  while the host is busy. The compiler is a FAKE: a ``sleep`` child of this process, its name
+  added to ``COMPILERS``.
 - ``hooks.compile_lock_users``: which threads hold or wait for dynamo's compile lock, counted
   by the lock itself (no other thread's frames are walked).
 - ``hooks.pause_points``: every point is met in a real inductor compile on the CPU, on the
@@ -19,7 +20,7 @@ import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
 
-from compile_core.run import pacing
+from compile_core.run import compilers
 from compile_core.torch_support import hooks, scoped
 
 try:
@@ -76,21 +77,21 @@ def fake_compiler(monkeypatch):
     """``sleep`` counts as a compiler (FAKE)."""
     if psutil is None or shutil.which("sleep") is None:
         pytest.skip("no psutil, or no sleep program to stand in for a compiler")
-    monkeypatch.setattr(pacing, "COMPILERS", pacing.COMPILERS | {"sleep"})
+    monkeypatch.setattr(compilers, "COMPILERS", compilers.COMPILERS | {"sleep"})
 
 
 def test_a_compiler_child_gets_the_lowest_priority_and_other_children_keep_theirs(fake_compiler):
-    compilers = pacing._Compilers()
-    compilers.thread.start()
+    held = compilers.Compilers(lambda: True)
+    held.thread.start()
     fake = subprocess.Popen(["sleep", "60"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         assert _until(lambda: _lowest(fake.pid))
-        time.sleep(5 * pacing.RENICE_INTERVAL)
+        time.sleep(5 * compilers.RENICE_INTERVAL)
         assert psutil.Process(other.pid).nice() == psutil.Process().nice() and not _lowest(other.pid)
     finally:
-        compilers.stop.set()
-        compilers.thread.join(5)
+        held.stop.set()
+        held.thread.join(5)
         for proc in (fake, other):
             proc.kill()
             proc.wait()
@@ -112,24 +113,72 @@ def test_the_processes_descendants_come_from_proc_as_psutil_lists_them(monkeypat
         # (wait for the shell's own child: other tests may have left children of this process)
         assert _until(lambda: psutil.Process(shell.pid).children())
         grandchild = [c.pid for c in psutil.Process(shell.pid).children()]
-        from_proc = pacing._linux_descendants(me.pid)
+        from_proc = compilers._linux_descendants(me.pid)
         assert from_proc is not None and {shell.pid, *grandchild} <= set(from_proc)
         # the same set as psutil's scan (asked again while another test's leftover child exits)
-        assert _until(lambda: set(pacing._linux_descendants(me.pid)) == {c.pid for c in me.children(recursive=True)}
-                      == {p.pid for p in pacing._descendants(me, psutil)})
+        assert _until(lambda: set(compilers._linux_descendants(me.pid)) == {c.pid for c in me.children(recursive=True)}
+                      == {p.pid for p in compilers._descendants(me, psutil)})
 
         class FakeMe:  # FAKE: psutil's view of a process on a kernel without the children files
             pid = me.pid
 
             def children(self, recursive=False):
                 return ["psutil's list"] if recursive else []
-        monkeypatch.setattr(pacing, "_linux_descendants", lambda pid: None)
-        assert pacing._descendants(FakeMe(), psutil) == ["psutil's list"]
+        monkeypatch.setattr(compilers, "_linux_descendants", lambda pid: None)
+        assert compilers._descendants(FakeMe(), psutil) == ["psutil's list"]
     finally:
         for c in psutil.Process(shell.pid).children(recursive=True):
             c.kill()
         shell.kill()
         shell.wait()
+
+
+def _stopped(proc) -> bool:
+    return psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED
+
+
+@pytest.mark.skipif(psutil is None or not sys.platform.startswith("linux") or shutil.which("sh") is None,
+                    reason="Linux's /proc children files, psutil and a shell")
+def test_the_jobs_own_compilers_stop_while_the_host_is_busy_and_no_other_compiler_does(fake_compiler):
+    """While ``may_run`` says no (the host busy, no other thread in dynamo), the compilers that
+    a job's thread started, and those of inductor's compile-worker pool, are stopped, and go
+    on once it says yes and when the job ends; a compiler another thread started (a prompt may
+    wait for it) never stops."""
+    busy, release, started = [True], threading.Event(), {}
+    held = compilers.Compilers(lambda: not busy[0])
+
+    def job_thread():  # (it lives on: a thread's children are looked up by its id)
+        held.owners.add(threading.get_native_id())
+        started["job"] = subprocess.Popen(["sleep", "60"])
+        release.wait(30)
+    job = threading.Thread(target=job_thread)
+    job.start()
+    started["pool"] = subprocess.Popen(["sh", "-c", "sleep 60 & wait", f"torch_inductor_{compilers.POOL_MARK}"])
+    started["prompt"] = subprocess.Popen(["sleep", "60"])  # this thread's: not the job's
+    try:
+        assert _until(lambda: "job" in started and psutil.Process(started["pool"].pid).children())
+        pool_compiler = psutil.Process(started["pool"].pid).children()[0]
+        held.thread.start()
+        assert _until(lambda: _stopped(started["job"]) and _stopped(pool_compiler))
+        assert not _stopped(started["prompt"]) and not _stopped(started["pool"])  # (a shell: no compiler)
+        busy[0] = False
+        assert _until(lambda: not _stopped(started["job"]) and not _stopped(pool_compiler))
+        busy[0] = True
+        assert _until(lambda: _stopped(started["job"]))
+        time.sleep(3 * compilers.RENICE_INTERVAL)
+        assert not _stopped(started["prompt"]) and held.held == 2
+        held.stop.set()  # the job ends while the host is busy: its compilers go on
+        held.thread.join(5)
+        assert not _stopped(started["job"]) and not _stopped(pool_compiler) and not compilers._STOPPED
+    finally:
+        held.stop.set()
+        release.set()
+        job.join(10)
+        compilers.resume_all()
+        for proc in [*psutil.Process(started["pool"].pid).children(), *started.values()]:
+            proc.kill()
+        for proc in started.values():
+            proc.wait()
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no idle scheduling class here")
@@ -140,7 +189,7 @@ def test_a_compiler_gets_nice_19_where_the_idle_class_is_refused(fake_compiler, 
     fake = subprocess.Popen(["sleep", "60"])
     try:
         assert _until(lambda: psutil.Process(fake.pid).name() == "sleep")
-        pacing._Compilers._lower(psutil.Process(fake.pid), set(), psutil)
+        compilers.Compilers._lower(psutil.Process(fake.pid), set(), psutil)
         assert psutil.Process(fake.pid).nice() == 19
         assert os.sched_getscheduler(fake.pid) != os.SCHED_IDLE
     finally:
