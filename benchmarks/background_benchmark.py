@@ -57,6 +57,7 @@ from harness import (FOREGROUND, NODE_DEFAULTS, ComfyHost, make_tiny_wan,  # noq
 
 VARIANTS = {"eager": None, "foreground": FOREGROUND, "defaults": NODE_DEFAULTS}
 CALL = re.compile(r"TCSTest: call (\d+) regions compiled (\d+) at ([\d.]+)")
+HELD = re.compile(r"its C\+\+ compilers stopped (\d+) time\(s\) for prompts")
 BESIDE = re.compile(r"beside prompts it used ([\d.]+) s of CPU in (\d+) stretch\(es\), at most (\d+) ms in one")
 TARGET_FIRST_RUN = 1.15
 TARGET_WHILE_COMPILING = 1.3
@@ -266,6 +267,9 @@ def summarise(res: dict) -> dict:
     out.update(_nearby("eager", out["eager"][1:]))
     out["defaults_max_rel_l2"] = max(r["rel_l2_vs_eager"] for r in d)
     out["defaults_beside_prompts"] = beside_prompts(res["defaults"]["log"], len(compiling), eager_run)
+    out["defaults_compilers_stopped"] = compilers_stopped(res["defaults"]["log"])
+    out["defaults_slowest_step_ms"] = slowest_step_ms(res["defaults"]["runs"][1:len(compiling) + 1])
+    out["eager_slowest_step_ms"] = slowest_step_ms(eager[1:])
     restart_log = "\n".join(res["restart"]["log"])
     out["restart_traced_nothing"] = ("saved region(s), no trace" in restart_log
                                      and "AOT compile of" not in restart_log and "tracing another" not in restart_log
@@ -289,6 +293,17 @@ def beside_prompts(pack_lines: list[str], runs: int, eager_run: float) -> dict |
     return {"cpu_s": cpu_s, "stretches": stretches, "longest_ms": longest_ms,
             "per_run_ms": round(1000 * cpu_s / max(runs, 1), 1),
             "longest_vs_eager_run": round(longest_ms / 1000 / eager_run, 4)}
+
+
+def compilers_stopped(pack_lines: list[str]) -> int:
+    """How many times the compile's C++ compilers were stopped for prompts, as the pack's log
+    line of the finished compile says (``compilers.held_text``)."""
+    return next((int(m[1]) for m in map(HELD.search, pack_lines) if m), 0)
+
+
+def slowest_step_ms(runs: list[dict]) -> float | None:
+    steps = [st["s"] for run in runs for st in run["steps"] if st["s"]]
+    return round(1000 * max(steps), 1) if steps else None
 
 
 def _beside_text(b: dict | None) -> str:
@@ -340,6 +355,10 @@ def markdown(summary: dict, info: dict, args) -> str:
               f"and after them (this machine's variation): {_later('eager', summary)}; its worst "
               f"{summary['eager_worst_later_run_vs_median']}x its median.",
               _beside_text(summary.get("defaults_beside_prompts")),
+              f"- Its C++ compilers were stopped {summary.get('defaults_compilers_stopped', 0)} time(s) for "
+              f"prompts (the pack's log). Slowest step in the runs while it compiled: "
+              f"{summary.get('defaults_slowest_step_ms')} ms; in the eager server's later runs: "
+              f"{summary.get('eager_slowest_step_ms')} ms.",
               f"- Restart in a new container: traced nothing: {summary['restart_traced_nothing']}; first run "
               f"{summary['restart_vs_cold']}x the foreground's cold first run (target <= {TARGET_RESTART}: "
               f"{'met' if t['restart'] else 'missed'}).",

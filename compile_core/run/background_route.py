@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import background, beside, compile_pass, new_shapes, pacing
+from . import background, beside, compile_pass, compilers, new_shapes, pacing
 from .attach import region_variant
 from .state import ModelState
 from ..plan import shapes
@@ -218,7 +218,7 @@ def _background_done(ref: "weakref.ref[Background]") -> None:
     if job is not None:
         paused = f", {job.pauses} pause(s) for prompts ({job.paused_s:.1f} s)" if job.pauses else ""
         paused += job.beside.text() if job.beside is not None else ""
-        paused += f"; its C++ compilers stopped {job.compilers_held} time(s) for prompts" if job.compilers_held else ""
+        paused += compilers.held_text(job.compilers_held)
         log.info("background compile of %s finished in %.1f s%s; the model's next call %s",
                  route.state.description, job.seconds, paused,
                  "takes the compiled graphs" if job.error is None else "says what happened")

@@ -118,6 +118,11 @@ class Compilers:
             pass
 
 
+def held_text(times: int) -> str:
+    """The finished compile's log line on its stopped compilers ("" where they never were)."""
+    return f"; its C++ compilers stopped {times} time(s) for prompts" if times else ""
+
+
 def resume_all() -> None:
     """Continue every compiler a job stopped."""
     with _stopped_lock:
