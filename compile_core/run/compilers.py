@@ -54,7 +54,8 @@ class Compilers:
             while not self.stop.wait(RENICE_INTERVAL):
                 tree = _linux_tree(me.pid)
                 try:
-                    children = me.children(recursive=True) if tree is None else _processes(_below(me.pid, tree), psutil)
+                    children = (me.children(recursive=True) if tree is None
+                                else _processes(_below(me.pid, tree), psutil))
                 except psutil.Error:
                     continue
                 for child in children:

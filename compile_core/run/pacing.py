@@ -208,8 +208,9 @@ def lowered_step(fn: Callable[[], T]) -> T:
     lowest CPU priority, and the processes it starts inherit that priority from their first
     instruction. ``compilers.Compilers`` lowers (and stops) a compiler only once it sees it
     (up to ``RENICE_INTERVAL`` later, and its own children may start before that) and a
-    loader child not at all: a check that a prompt met ran beside it at normal priority (prompts near the
-    job's first pause, which a record placed in the probe, had steps stalled 0.15-0.39 s). The
+    loader child not at all: a check that a prompt met ran beside it at normal priority
+    (prompts near the job's first pause, which a record placed in the probe, had steps stalled
+    0.15-0.39 s). The
     job's thread only waits meanwhile; the helper has the job's context variables (torch's
     config)."""
     pause_point()
