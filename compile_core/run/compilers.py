@@ -12,7 +12,10 @@ idle. Only compilers that are the job's are stopped, as a prompt may wait for an
 - the children of the job's threads (its own and ``pacing.lowered_step``'s helper), and theirs;
 - those of inductor's compile-worker pool (``POOL_MARK`` in its command line), which only the
   compile that holds dynamo's lock uses: never while another thread is inside dynamo (the
-  caller's ``may_run`` says so), and the job holds that lock while it compiles.
+  caller's ``may_run`` says so), and the job holds that lock while it compiles. A thread that
+  calls inductor without dynamo could still share the pool, and a prompt would then wait for
+  a compiler of its own that is stopped: so they stay stopped at most ``HOLD_LIMIT`` in one
+  busy stretch of the host, and after that run at the lowest priority until it is idle.
 This needs Linux's per-thread ``children`` files in /proc; elsewhere compilers only get the
 lowest priority. Every compiler stopped is continued when the job ends, or the process exits.
 """
@@ -21,12 +24,16 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 from typing import Callable
+
+from ..report import log
 
 # the processes a compile starts (inductor's C++ builds, Triton's ptxas): lowered while a job runs
 COMPILERS = frozenset({"cc1plus", "cc1", "g++", "gcc", "c++", "cc", "clang", "clang++", "as", "ld",
                        "collect2", "ptxas", "nvcc", "cl.exe", "link.exe"})
 RENICE_INTERVAL = 0.05  # s: a compiler runs at most this long at its normal priority, or beside a prompt
+HOLD_LIMIT = 30.0  # s: the longest the compilers stay stopped while the host is busy
 POOL_MARK = "compile_worker"  # in the command line of inductor's compile-worker pool (its sidecar)
 _STOPPED: set = set()  # the compilers stopped now, by any job (continued at exit)
 _stopped_lock = threading.Lock()
@@ -40,6 +47,7 @@ class Compilers:
     def __init__(self, may_run: Callable[[], bool]):
         self.may_run, self.owners = may_run, set()
         self.held, self.holding = 0, False  # ``held``: how many times it stopped them
+        self.since, self.spent = 0.0, False  # when they were stopped; ``HOLD_LIMIT`` reached
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="tcs-compile-priority", daemon=True)
         self._pool: dict = {}  # process -> is inductor's pool sidecar
@@ -62,7 +70,13 @@ class Compilers:
                     self._lower(child, seen, psutil)
                 if self.may_run():
                     self._release()
-                elif tree is not None:
+                    self.spent = False
+                elif self.holding and time.monotonic() - self.since > HOLD_LIMIT:
+                    self._release()
+                    self.spent = True
+                    log.info("the background compile's C++ compilers go on at the lowest priority: "
+                             "the server has been busy for %.0f s", HOLD_LIMIT)
+                elif tree is not None and not self.spent:
                     owned = self._owned(me.pid, tree, psutil)
                     self._hold([p for p in children if p in seen and p.pid in owned], psutil)
         finally:
@@ -79,8 +93,8 @@ class Compilers:
                 continue
             with _stopped_lock:
                 _STOPPED.add(proc)
-            self.held += not self.holding
-            self.holding = True
+            if not self.holding:
+                self.held, self.holding, self.since = self.held + 1, True, time.monotonic()
 
     def _release(self) -> None:
         if self.holding:

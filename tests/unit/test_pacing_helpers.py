@@ -181,6 +181,46 @@ def test_the_jobs_own_compilers_stop_while_the_host_is_busy_and_no_other_compile
             proc.wait()
 
 
+@pytest.mark.skipif(psutil is None or not sys.platform.startswith("linux"),
+                    reason="Linux's /proc children files, psutil")
+def test_the_jobs_compilers_stay_stopped_at_most_the_hold_limit_in_one_busy_stretch(fake_compiler, monkeypatch):
+    """A prompt could wait for a pool compiler that is not the job's (inductor called without
+    dynamo): after ``HOLD_LIMIT`` of one busy stretch the compilers go on (at the lowest
+    priority) until the host has been idle; the next busy stretch stops them again."""
+    monkeypatch.setattr(compilers, "HOLD_LIMIT", 0.5)
+    busy, release, started = [True], threading.Event(), {}
+    held = compilers.Compilers(lambda: not busy[0])
+
+    def job_thread():
+        held.owners.add(threading.get_native_id())
+        started["job"] = subprocess.Popen(["sleep", "60"])
+        release.wait(30)
+    job = threading.Thread(target=job_thread)
+    job.start()
+    try:
+        assert _until(lambda: "job" in started)
+        held.thread.start()
+        assert _until(lambda: _stopped(started["job"]))
+        stopped_at = time.monotonic()
+        assert _until(lambda: not _stopped(started["job"]))  # still busy: the limit
+        assert time.monotonic() - stopped_at >= 0.4 and _lowest(started["job"].pid)
+        time.sleep(5 * compilers.RENICE_INTERVAL)
+        assert not _stopped(started["job"]) and held.held == 1
+        busy[0] = False  # idle once, then busy again: stopped again
+        time.sleep(3 * compilers.RENICE_INTERVAL)
+        busy[0] = True
+        assert _until(lambda: _stopped(started["job"])) and held.held == 2
+    finally:
+        held.stop.set()
+        held.thread.join(5)
+        release.set()
+        job.join(10)
+        compilers.resume_all()
+        if "job" in started:
+            started["job"].kill()
+            started["job"].wait()
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no idle scheduling class here")
 def test_a_compiler_gets_nice_19_where_the_idle_class_is_refused(fake_compiler, monkeypatch):
     def refused(pid, policy, param):
