@@ -62,8 +62,7 @@ class Compilers:
             while not self.stop.wait(RENICE_INTERVAL):
                 tree = _linux_tree(me.pid)
                 try:
-                    children = (me.children(recursive=True) if tree is None
-                                else _processes(_below(me.pid, tree), psutil))
+                    children = _descendants(me, tree, psutil)
                 except psutil.Error:
                     continue
                 for child in children:
@@ -153,13 +152,12 @@ def resume_all() -> None:
 atexit.register(resume_all)
 
 
-def _descendants(me, psutil) -> list:
-    """``me``'s child processes, theirs, and so on. On Linux from each thread's ``children``
-    file in /proc (a few small reads, under 0.1 ms), not psutil's scan of every process on the
-    machine: 8 ms with 460 processes, under the interpreter lock, every ``RENICE_INTERVAL``.
-    Elsewhere, or where the kernel has no such file, psutil's."""
-    pids = _linux_descendants(me.pid)
-    return me.children(recursive=True) if pids is None else _processes(pids, psutil)
+def _descendants(me, tree: dict | None, psutil) -> list:
+    """``me``'s child processes, theirs, and so on. On Linux from ``tree`` (each thread's
+    ``children`` file in /proc: a few small reads, under 0.1 ms), not psutil's scan of every
+    process on the machine: 8 ms with 460 processes, under the interpreter lock, every
+    ``RENICE_INTERVAL``. Where the kernel has no such file (``tree`` None), psutil's."""
+    return me.children(recursive=True) if tree is None else _processes(_below(me.pid, tree), psutil)
 
 
 def _processes(pids: list[int], psutil) -> list:
@@ -170,13 +168,6 @@ def _processes(pids: list[int], psutil) -> list:
         except psutil.Error:  # (it ended meanwhile)
             pass
     return found
-
-
-def _linux_descendants(root: int) -> list[int] | None:
-    """The descendants of process ``root`` from /proc/<pid>/task/<tid>/children; None where
-    ``root`` has no such file."""
-    tree = _linux_tree(root)
-    return None if tree is None else _below(root, tree)
 
 
 def _linux_tree(root: int) -> dict[int, dict[str, list[int]]] | None:

@@ -210,9 +210,8 @@ def lowered_step(fn: Callable[[], T]) -> T:
     (up to ``RENICE_INTERVAL`` later, and its own children may start before that) and a
     loader child not at all: a check that a prompt met ran beside it at normal priority
     (prompts near the job's first pause, which a record placed in the probe, had steps stalled
-    0.15-0.39 s). The
-    job's thread only waits meanwhile; the helper has the job's context variables (torch's
-    config)."""
+    0.15-0.39 s). The job's thread only waits meanwhile; the helper has the job's context
+    variables (torch's config)."""
     pause_point()
     context, out = contextvars.copy_context(), {}
     compilers = getattr(_in_job, "compilers", None)

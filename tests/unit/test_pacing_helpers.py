@@ -99,7 +99,7 @@ def test_a_compiler_child_gets_the_lowest_priority_and_other_children_keep_their
 
 @pytest.mark.skipif(psutil is None or not sys.platform.startswith("linux") or shutil.which("sh") is None,
                     reason="Linux's /proc children files, psutil and a shell")
-def test_the_processes_descendants_come_from_proc_as_psutil_lists_them(monkeypatch):
+def test_the_processes_descendants_come_from_proc_as_psutil_lists_them():
     """A child started by another thread (as a compile's) and a grandchild are found from
     /proc's per-thread ``children`` files, the same set psutil's scan of every process gives;
     where those files are missing, psutil's list is used."""
@@ -113,19 +113,19 @@ def test_the_processes_descendants_come_from_proc_as_psutil_lists_them(monkeypat
         # (wait for the shell's own child: other tests may have left children of this process)
         assert _until(lambda: psutil.Process(shell.pid).children())
         grandchild = [c.pid for c in psutil.Process(shell.pid).children()]
-        from_proc = compilers._linux_descendants(me.pid)
-        assert from_proc is not None and {shell.pid, *grandchild} <= set(from_proc)
+        tree = compilers._linux_tree(me.pid)
+        assert tree is not None and {shell.pid, *grandchild} <= set(compilers._below(me.pid, tree))
         # the same set as psutil's scan (asked again while another test's leftover child exits)
-        assert _until(lambda: set(compilers._linux_descendants(me.pid)) == {c.pid for c in me.children(recursive=True)}
-                      == {p.pid for p in compilers._descendants(me, psutil)})
+        assert _until(lambda: set(compilers._below(me.pid, compilers._linux_tree(me.pid)))
+                      == {c.pid for c in me.children(recursive=True)}
+                      == {p.pid for p in compilers._descendants(me, compilers._linux_tree(me.pid), psutil)})
 
         class FakeMe:  # FAKE: psutil's view of a process on a kernel without the children files
             pid = me.pid
 
             def children(self, recursive=False):
                 return ["psutil's list"] if recursive else []
-        monkeypatch.setattr(compilers, "_linux_descendants", lambda pid: None)
-        assert compilers._descendants(FakeMe(), psutil) == ["psutil's list"]
+        assert compilers._descendants(FakeMe(), None, psutil) == ["psutil's list"]
     finally:
         for c in psutil.Process(shell.pid).children(recursive=True):
             c.kill()
