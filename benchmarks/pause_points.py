@@ -4,13 +4,18 @@ A background compile of a CPU model pauses while a prompt runs, but only at its 
 (``compile_core/torch_support/hooks.py``); between two of them it keeps its core and the
 interpreter lock, and a prompt that starts meanwhile runs beside it. This measures, for one
 cold compile of the tiny WAN's blocks (8 blocks, dim 256, the settings node's defaults but in
-the foreground, so it runs on this thread), the CPU time the compiling thread spends between
-consecutive pause points (``time.thread_time``: waits for the C++ compiler do not count).
+the foreground, so it runs on this thread, and no cache folder, so no region is saved), the CPU
+time the compiling thread spends between consecutive pause points (``time.thread_time``: waits
+for the C++ compiler do not count). The points of a saved region's guards (pickled, loaded
+back) are met only in the server's compile: ``background_benchmark.py`` measures that one.
 
 Variants, each in a fresh process with a fresh inductor cache, after what the server's start-up
-warm-up does (torch's compile entry, the start-up objects frozen):
+warm-up does (this torch's feature probes, torch's compile entry, the start-up objects frozen):
 - ``dynamo/inductor/fx points``: only the first pause points (dynamo's bytecode steps,
   inductor's lowering and fx's node interpreting), no graph-pass warm-up;
+- ``without the dict-key and after-guard points``: the pack's points but dynamo's wrapping of
+  dict keys and the steps after a frame's guards are built (their check function, timing,
+  pickling and loading back);
 - ``the pack's points``: every point of ``_PAUSE_POINTS``, and inductor's graph passes set up
   in the warm-up (``hooks.warm_inductor_passes``), as the pack runs now.
 
@@ -32,9 +37,12 @@ import time
 from run_benchmarks import REPO_ROOT, _comfy_import_setup, machine_info  # noqa: E402
 from background_benchmark import heading, write_out  # noqa: E402
 
-VARIANTS = ("dynamo/inductor/fx points", "the pack's points")
+VARIANTS = ("dynamo/inductor/fx points", "without the dict-key and after-guard points", "the pack's points")
 FIRST_POINTS = (("InstructionTranslatorBase", "step"), ("GraphLowering", "run_node"),
                 ("Interpreter", "run_node"))  # dynamo's steps, inductor's lowering, fx's nodes
+LATER_POINTS = (("HashableTracker", "__init__"), ("CheckFunctionManager", "compile_check_fn"),
+                (None, "profile_guard_manager"), ("CheckFunctionManager", "serialize_guards"),
+                (None, "load_guards_state"), (None, "load_guard_manager"))  # dict keys, after guards
 
 
 def compile_once(variant: str) -> dict:
@@ -47,10 +55,13 @@ def compile_once(variant: str) -> dict:
     pack = load_pack()
     hooks, prewarm = pack("compile_core.torch_support.hooks"), pack("compile_core.cache.prewarm")
     engine, s = pack("compile_core.run.engine"), pack("compile_core.plan.settings")
+    prewarm.warm_probes(torch.device("cpu"))
     prewarm.warm_base()
     if variant == VARIANTS[0]:
         hooks._PAUSE_POINTS = tuple(p for p in hooks._PAUSE_POINTS if p[1:] in FIRST_POINTS)
     else:
+        if variant == VARIANTS[1]:
+            hooks._PAUSE_POINTS = tuple(p for p in hooks._PAUSE_POINTS if p[1:] not in LATER_POINTS)
         hooks.warm_inductor_passes(torch.device("cpu"))
     gc.collect()
     gc.freeze()

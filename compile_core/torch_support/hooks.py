@@ -49,6 +49,12 @@ def precompiled_header_dir(path: str | None) -> Iterator[None]:
 # shape question (sympy), inductor's lowering, the interpreting of each fx node, each pattern
 # tried by inductor's graph passes, its scheduler's nodes and fusion candidates, and the C++
 # codegen's stride analysis (sympy simplifications, up to 0.19 s in one tiling choice otherwise).
+# Then dynamo's wrapping of each dict key (a dict of many keys ran 0.13 s of them), and the
+# steps after a frame's guards are built: their check function, the timing of the guards
+# (it flushes the CPU cache first), their pickling for a saved region, and the unpickling and
+# rebuilding of the guards that ``aot_compile`` does next (0.13-0.18 s in one stretch
+# otherwise). Each of those runs only where ``Guard.create`` runs too (a frame's compile, or
+# the loading of saved guards), so none adds a place where the compile holds another lock.
 _PAUSE_POINTS = (("torch._dynamo.symbolic_convert", "InstructionTranslatorBase", "step"),
                  ("torch._dynamo.variables.lazy", "LazyCache", "__init__"),
                  ("torch._guards", "Guard", "create"),
@@ -59,7 +65,13 @@ _PAUSE_POINTS = (("torch._dynamo.symbolic_convert", "InstructionTranslatorBase",
                  ("torch._inductor.pattern_matcher", "MatchContext", "match"),
                  ("torch._inductor.scheduler", "Scheduler", "create_scheduler_node"),
                  ("torch._inductor.scheduler", "Scheduler", "can_fuse"),
-                 ("torch._inductor.codegen.cpp", None, "stride_at_vec_range"))
+                 ("torch._inductor.codegen.cpp", None, "stride_at_vec_range"),
+                 ("torch._dynamo.variables.hashable", "HashableTracker", "__init__"),
+                 ("torch._dynamo.guards", "CheckFunctionManager", "compile_check_fn"),
+                 ("torch._dynamo.guards", None, "profile_guard_manager"),
+                 ("torch._dynamo.guards", "CheckFunctionManager", "serialize_guards"),
+                 ("torch._dynamo.package", None, "load_guards_state"),
+                 ("torch._dynamo.package", None, "load_guard_manager"))
 
 
 @contextlib.contextmanager
