@@ -51,10 +51,10 @@ def precompiled_header_dir(path: str | None) -> Iterator[None]:
 # codegen's stride analysis (sympy simplifications, up to 0.19 s in one tiling choice otherwise).
 # Then dynamo's wrapping of each dict key (a dict of many keys ran 0.13 s of them), and the
 # steps after a frame's guards are built: their check function, the timing of the guards
-# (it flushes the CPU cache first), their pickling for a saved region, and the unpickling and
-# rebuilding of the guards that ``aot_compile`` does next (0.13-0.18 s in one stretch
-# otherwise). Each of those runs only where ``Guard.create`` runs too (a frame's compile, or
-# the loading of saved guards), so none adds a place where the compile holds another lock.
+# (it flushes the CPU cache first), their pickling for a saved region, and their unpickling
+# and rebuilding when a block loads a saved region (0.13-0.18 s in one stretch otherwise).
+# Each of those runs only where ``Guard.create`` runs too (a frame's compile, or the loading
+# of saved guards), so none adds a place where the compile holds another lock.
 _PAUSE_POINTS = (("torch._dynamo.symbolic_convert", "InstructionTranslatorBase", "step"),
                  ("torch._dynamo.variables.lazy", "LazyCache", "__init__"),
                  ("torch._guards", "Guard", "create"),

@@ -284,6 +284,7 @@ def test_every_pause_point_is_met_in_a_cpu_compile_on_the_compiling_thread_only(
         torch._dynamo.reset()
     assert other_thread and len(met) == before  # the other thread's compile was not touched
     assert {_name(original) for _, _, original in targets} <= set(met), set(met)
+    assert all(vars(owner)[name] is original for owner, name, original in targets)
     assert met.count("LazyCache.__init__") >= len(BIG)
     if ("HashableTracker", "__init__") in have:
         assert met.count("HashableTracker.__init__") >= len(BIG)
@@ -301,4 +302,3 @@ def _name(fn) -> str:
 def _in_order(seq: list, wanted: list) -> bool:
     it = iter(seq)
     return all(any(x == w for x in it) for w in wanted)
-    assert all(vars(owner)[name] is original for owner, name, original in targets)
