@@ -3,11 +3,11 @@
 A background compile of a CPU model pauses while a prompt runs, but only at its pause points
 (``compile_core/torch_support/hooks.py``); between two of them it keeps its core and the
 interpreter lock, and a prompt that starts meanwhile runs beside it. This measures, for one
-cold compile of the tiny WAN's blocks (8 blocks, dim 256, the settings node's defaults but in
-the foreground, so it runs on this thread, and no cache folder, so no region is saved), the CPU
-time the compiling thread spends between consecutive pause points (``time.thread_time``: waits
-for the C++ compiler do not count). The points of a saved region's guards (pickled, loaded
-back) are met only in the server's compile: ``background_benchmark.py`` measures that one.
+cold compile of the tiny WAN's blocks (8 blocks, dim 256, SDPA attention as the host tests'
+servers, the settings node's defaults but in the foreground, so it runs on this thread, with a
+fresh cache folder, so the blocks' region is traced, saved and loaded back as in the server),
+the CPU time the compiling thread spends between consecutive pause points (``time.thread_time``:
+waits for the C++ compiler do not count).
 
 Variants, each in a fresh process with a fresh inductor cache, after what the server's start-up
 warm-up does (this torch's feature probes, torch's compile entry, the start-up objects frozen):
@@ -48,7 +48,8 @@ LATER_POINTS = (("HashableTracker", "__init__"), ("CheckFunctionManager", "compi
 def compile_once(variant: str) -> dict:
     """One cold compile in this process: the CPU time between consecutive pause points."""
     import gc
-    _comfy_import_setup()
+    # SDPA as the servers: ComfyUI's CPU default (sub-quadratic attention) breaks the graph
+    _comfy_import_setup("--use-pytorch-cross-attention")
     import torch
     from overhead_benchmark import load_pack
     from regional_cost import build
@@ -68,13 +69,18 @@ def compile_once(variant: str) -> dict:
     model = build(256, 8)
     x, t, ctx = torch.randn(2, 16, 2, 16, 16), torch.tensor([500.0, 500.0]), torch.randn(2, 512, 4096)
     settings = s.CompileSettings.from_args(s.build_compile_args(background_compile=False))
-    cm = engine.prepare(model, settings, pack("compile_core.cache.registry").ReuseRegistry())
+    folder = os.path.join(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or tempfile.mkdtemp(), "pack")
+    persistent = pack("compile_core.cache.persist").PersistentCache(folder)  # (``child``'s temporary)
+    cm = engine.prepare(model, settings, pack("compile_core.cache.registry").ReuseRegistry(),
+                        persistent=persistent)
     marks = [time.thread_time()]
     start = time.perf_counter()
     with torch.no_grad(), hooks.pause_points(lambda: marks.append(time.thread_time())):
         cm.run(model, lambda: model(x, t, ctx, transformer_options={}), x.device)
     wall = time.perf_counter() - start
     marks.append(time.thread_time())
+    if not (cm.entry.precompiled and cm.entry.precompiled.captured):
+        raise RuntimeError("no region was traced for saving: not the server's compile")
     gaps = sorted((b - a for a, b in zip(marks, marks[1:])), reverse=True)
     return {"variant": variant, "compile_s": round(wall, 2), "checks": len(marks) - 2,
             "thread_cpu_s": round(marks[-1] - marks[0], 2),
@@ -105,7 +111,8 @@ def table(header: list[str], rows: list[dict], cells) -> list[str]:
 
 def markdown(info: dict, rows: list[dict]) -> str:
     lines = heading("Pause points of a background compile: CPU time between two of them", info)
-    lines += ["", "One cold compile of the tiny WAN's blocks (8 blocks, dim 256) per row, each in a "
+    lines += ["", "One cold compile of the tiny WAN's blocks (8 blocks, dim 256, SDPA attention, "
+              "the blocks' region traced, saved and loaded back) per row, each in a "
               "fresh process and inductor cache, variants taking turns. A prompt that starts while "
               "the compile is between two pause points runs beside it until the next one.", ""]
     lines += table(["variant", "compile s", "pause-point calls", "compile thread CPU s", "longest ms",

@@ -37,7 +37,7 @@ STEPS = 20
 def measure(variant: str, prompts: int) -> dict:
     """One process: step times alone, then while the other model compiles in the background."""
     import gc
-    _comfy_import_setup()
+    _comfy_import_setup("--use-pytorch-cross-attention")  # as the servers
     import torch
     from overhead_benchmark import load_pack
     from regional_cost import build

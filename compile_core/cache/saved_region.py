@@ -91,7 +91,9 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, compile_kwargs: dict) 
     kw = {k: v for k, v in compile_kwargs.items() if k in ("backend", "dynamic")}
     options = {**mode_options(compile_kwargs.get("mode"), kw.get("dynamic")),
                "guard_filter_fn": keep_guard(dropped, local_fns, unchecked)}
-    with aot.aot_capture():  # torch 2.9: aot_compile exists only under enable_aot_compile
+    # torch 2.9: aot_compile exists only under enable_aot_compile; its kernels are built as
+    # every later load looks them up (``hooks.without_precompiled_header``)
+    with aot.aot_capture(), hooks.without_precompiled_header():
         compiled = torch.compile(nn.Module._call_impl, fullgraph=True, options=options, **kw)
         with ValuePickler():
             fn = compiled.aot_compile(((module, *args), kwargs))
@@ -144,7 +146,7 @@ def load(path: Path, key: str) -> tuple[_Region | None, str]:
         return None, f"a tensor subclass it uses is not there ({exc.__class__.__name__}: {exc})"
     try:
         extra = {"f_globals": subclasses} if subclasses else {}  # (GGUF's GGMLTensor)
-        with hooks.loading_built_kernels():
+        with hooks.without_precompiled_header():
             fn = torch.compiler.load_compiled_function(io.BytesIO(data), **extra)
     except Exception as exc:  # noqa: BLE001 - corrupt, incompatible (torch checks its system info)
         return None, f"torch could not load it ({exc.__class__.__name__}: {str(exc)[:200]})"

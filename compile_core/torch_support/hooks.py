@@ -180,13 +180,14 @@ def compile_lock_users() -> Iterator[Callable[[int], bool]]:
 
 
 @contextlib.contextmanager
-def loading_built_kernels() -> Iterator[None]:
-    """Around loading compiled code whose C++ kernels are built already (a saved region, from
-    this cache or a fleet's): inductor builds its precompiled C++ header before it looks for
-    the built kernel, which on a worker without that header (a new container, a fleet worker)
-    cost ~5 s of a 5.4 s load. Header precompiling is off inside the block: a kernel that is
-    built loads at once, one that is missing compiles without the header (the same library,
-    compiled slower). Nothing changes where this torch has no such setting."""
+def without_precompiled_header() -> Iterator[None]:
+    """Around a saved region's capture and every load of it: its C++ kernels are built and
+    looked up without inductor's precompiled C++ header. The header is part of a kernel's
+    cache key, and torch builds the header before it looks for a built kernel: a fleet worker
+    or a new container has none (~5 s of a 5.4 s load), and a region captured with it and
+    loaded without it built every kernel twice (12-15 s more for one block of the tiny WAN).
+    Without the header a kernel compiles slower, but once, and loads at once everywhere.
+    Nothing changes where this torch has no such setting."""
     import torch._inductor.config as inductor_config
     if not isinstance(getattr(inductor_config, "cpp_cache_precompile_headers", None), bool):
         yield

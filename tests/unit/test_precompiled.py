@@ -121,6 +121,26 @@ def test_a_saved_regions_bin_and_json_are_bound_by_digest(tmp_path):
     assert back is None and "not the one its .json was written for" in why
 
 
+def test_a_region_loads_back_without_building_its_kernels_again(tmp_path, monkeypatch):
+    """The load right after a capture (``Precompiled._save_checked``), a restart's and a fleet
+    worker's look up the kernels the capture built: none is built again (a capture with
+    inductor's precompiled C++ header and a load without it built every kernel twice)."""
+    inductor = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    torch.manual_seed(0)
+    block = tiny.Block(dim=40).eval().requires_grad_(False)  # (a size no other test compiles)
+    h, emb = torch.randn(1, 6, 40), torch.randn(1, 1, 40)
+    with torch.no_grad():
+        region = saved_region.capture(block, (h, emb), {"transformer_options": {}}, {"backend": "inductor"})
+        built = sorted(inductor.rglob("*.so"))
+        saved_region.save(region, tmp_path / "saved", "a")
+        back, why = saved_region.load(tmp_path / "saved", "a")
+        assert back is not None and not why, why
+        assert back.accepts(block, (h, emb), {"transformer_options": {}})
+        torch.testing.assert_close(back.fn.fn(block, h, emb, transformer_options={}), block(h, emb, {}))
+    assert built and sorted(inductor.rglob("*.so")) == built
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["speed"])  # the settings node's default
 def test_a_second_process_loads_the_region_without_tracing(tmp_path, mode):
