@@ -1,9 +1,10 @@
 """A saved region's C++ kernels on the CPU: built once, without inductor's precompiled header.
 
-Inductor's precompiled C++ header is part of each CPU kernel's cache key. A saved region is
-loaded without it (torch builds the header before it looks for a built kernel, and a fleet
-worker or a new container has none), so a region captured with the header had every kernel
-built twice: at the capture, and again when the pack loads the file it just saved to check it.
+Whether inductor's precompiled C++ header is on is part of each CPU kernel's cache key. A
+saved region is loaded without it (torch builds the header before it looks for a built kernel,
+and a fleet worker or a new container has none), so a region captured with the header had
+every kernel built twice: at the capture, and again when the pack loads the file it just saved
+to check it.
 
 For one cold compile of the tiny WAN's blocks (8 blocks, dim 256, SDPA attention, the settings
 node's defaults but in the foreground) in a fresh process, inductor cache and cache folder,

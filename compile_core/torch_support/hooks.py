@@ -182,11 +182,12 @@ def compile_lock_users() -> Iterator[Callable[[int], bool]]:
 @contextlib.contextmanager
 def without_precompiled_header() -> Iterator[None]:
     """Around a saved region's capture and every load of it: its C++ kernels are built and
-    looked up without inductor's precompiled C++ header. The header is part of a kernel's
-    cache key, and torch builds the header before it looks for a built kernel: a fleet worker
-    or a new container has none (~5 s of a 5.4 s load), and a region captured with it and
-    loaded without it built every kernel twice (12-15 s more for one block of the tiny WAN).
-    Without the header a kernel compiles slower, but once, and loads at once everywhere.
+    looked up without inductor's precompiled C++ header. Whether it is on is part of a
+    kernel's cache key (a define on its command line), and torch builds the header before it
+    looks for a built kernel: a fleet worker or a new container has none (~5 s of a 5.4 s
+    load), and a region captured with it and loaded without it built every kernel twice
+    (12-15 s more for one block of the tiny WAN). Without the header a kernel compiles
+    slower, but once, and loads at once everywhere.
     Nothing changes where this torch has no such setting."""
     import torch._inductor.config as inductor_config
     if not isinstance(getattr(inductor_config, "cpp_cache_precompile_headers", None), bool):
