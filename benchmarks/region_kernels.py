@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,7 +109,7 @@ def markdown(info: dict, rows: list[dict]) -> str:
     cold = {v: [r["first_call_s"] for r in rows if r.get("variant") == v and r["phase"] == "cold"
                 and "error" not in r] for v in VARIANTS}
     if all(cold.values()):
-        ratio = (sum(cold[VARIANTS[1]]) / len(cold[VARIANTS[1]])) / (sum(cold[VARIANTS[0]]) / len(cold[VARIANTS[0]]))
+        ratio = statistics.mean(cold[VARIANTS[1]]) / statistics.mean(cold[VARIANTS[0]])
         lines += ["", f"Cold first model call, mean: {ratio:.3f}x with no header against the header at capture."]
     return "\n".join(lines) + "\n"
 
