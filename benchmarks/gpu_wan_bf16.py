@@ -11,9 +11,8 @@ T2V model written here (``--model plain``: same block layout, parameter names an
 arguments ``x, e, freqs, context`` as ComfyUI's, so the engine plans it the same way).
 
 Every variant runs in its own fresh process with empty inductor/Triton cache dirs (cold compile),
-then again in a new process on the same dirs (first call after a restart). Before the timed
-calls, every compiled variant runs the pack's start-up warm-up (the compiler import and the
-feature probes), untimed, as a ComfyUI server with the pack does before its first prompt.
+then again in a new process on the same dirs (first call after a restart). The pack does no
+work at start-up, so the first call includes the compiler import and the feature probes.
 Figures:
 
 - first call s: the first forward, compile included (cold), CUDA-synchronised;
@@ -225,16 +224,7 @@ def worker(args) -> dict:
 
     info = {"variant": args.worker, "model_class": f"{type(model).__module__}.{type(model).__name__}"}
     if args.worker != "eager":
-        # a ComfyUI server with this pack imports torch's compiler and runs the pack's feature
-        # probes and inductor's graph-pass set-up for its device at start-up, before its first
-        # prompt (compile_core/cache/prewarm.py): every compiled variant gets the same, untimed,
-        # as the CPU benchmarks' servers do
         sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
-        from compile_core.cache import prewarm
-        t0 = time.perf_counter()
-        prewarm.warm_probes(device)
-        prewarm.warm_base()
-        info["startup_warmup_s"] = time.perf_counter() - t0
     if args.worker == "eager":
         call = forward
     elif args.worker in ("ours-regional", "ours-whole", "ours-background"):
@@ -472,8 +462,8 @@ def write_md(res: dict, path: Path) -> None:
             v, num(c.get("first_call_s"), ".2f"), num(w.get("first_call_s"), ".2f"), num(med, ".2f"),
             num(med / base if base else None, ".3f"), num(c.get("peak_gb_first_call"), ".2f"),
             num(c.get("peak_gb_steady"), ".2f"), num(r.get("rel_l2_vs_eager"), ".1e")]) + " |")
-    L += ["", "First call = compile (dynamo + inductor + Triton autotune/compile) plus one forward, after "
-          "the pack's start-up warm-up (compiler import, feature probes; untimed, every compiled variant); "
+    L += ["", "First call = compile (dynamo + inductor + Triton autotune/compile) plus one forward, with "
+          "the compiler import and the pack's feature probes (the pack does nothing at start-up); "
           "'after restart' is a new process with the same TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR "
           "(and, for ours, the same persistent cache with its saved regions). "
           "Steady = CUDA-event time of one forward after warm-up. ours-regional is "

@@ -31,7 +31,6 @@ from pathlib import Path
 
 from run_benchmarks import REPO_ROOT, _comfy_import_setup, machine_info  # noqa: E402
 from background_benchmark import heading, write_out  # noqa: E402
-from pause_points import table  # noqa: E402
 
 VARIANTS = ("header at capture", "no header")
 
@@ -101,6 +100,17 @@ COLUMNS = ["variant", "process", "first model call s", "regions traced / loaded"
 def _cells(r: dict) -> tuple:
     return (r["variant"], r["phase"], r["first_call_s"], f"{r['captured']} / {r['loaded']}",
             r["traced"], r["kernels"], r["header"])
+
+
+def table(header: list[str], rows: list[dict], cells) -> list[str]:
+    """A Markdown table: ``cells(row)`` for each row, or the error of a row whose child failed."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | error: {r['error'][-120:]!r} |" + " |" * (len(header) - 2))
+        else:
+            lines.append("| " + " | ".join(str(c) for c in cells(r)) + " |")
+    return lines
 
 
 def markdown(info: dict, rows: list[dict]) -> str:

@@ -26,6 +26,7 @@ from .report import log
 from .report.status import status_payload
 from .run import background, fallback, warmup
 from .run.engine import CompiledModel, prepare
+from .torch_support import probe_memo
 
 __all__ = ["VAE_CHOICES", "CompileRequest", "CompiledModel", "model_request", "compile_model",
            "run_model_call", "compiles_ahead", "compile_vae", "status", "first_call_status", "changed_status"]
@@ -52,6 +53,7 @@ def compile_model(diffusion_model: nn.Module, device: torch.device,
                   request: CompileRequest) -> CompiledModel | None:
     """The compiled form of a diffusion model, or None: it stays eager (preflight found a
     missing compiler, or the compile could not be set up; one log line says which)."""
+    _keep_probe_answers(request.user_dir)
     checked = _preflight(request.settings, device, diffusion_model)
     if checked is None:
         return None
@@ -91,6 +93,7 @@ def compile_vae(compile_args: dict, which: str, vae_model: nn.Module | None,
     plan = plan_vae(vae_model, which, settings.blocks_only) if vae_model is not None else None
     if plan is None:
         return None
+    _keep_probe_answers(user_dir)
     checked = _preflight(settings, device, vae_model)
     if checked is None:
         return None
@@ -121,6 +124,12 @@ def _ptx_dir(settings: CompileSettings, user_dir: str) -> Path | None:
     if not settings.experimental_ptx:
         return None
     return resolve_workflow_cache_dir(settings.ptx_cache_dir, user_dir)
+
+
+def _keep_probe_answers(user_dir: str) -> None:
+    """The feature probes' answers are kept beside the persistent cache (``probe_memo``)."""
+    cache = PersistentCache.default(user_dir)
+    probe_memo.use(cache.root if cache else None)
 
 
 def _preflight(settings: CompileSettings, device: torch.device,

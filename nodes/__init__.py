@@ -17,8 +17,3 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "ApplyTorchCompileVAE": "Apply Torch Compile (VAE)",
 }
 
-try:  # inside a ComfyUI server: warm the compiler in the background after a restart
-    from .comfy_bridge import prewarm_when_server_starts
-    prewarm_when_server_starts()
-except ImportError:  # imported outside ComfyUI (tests, tooling)
-    pass

@@ -9,11 +9,10 @@ from .comfy_diagnosis import diagnosis_calls
 from .comfy_model import (compiled_model_of, diffusion_model, load_device, with_compile_wrapper,
                           without_compile_wrapper)
 from .comfy_paths import user_directory
-from .comfy_prewarm import prewarm_when_server_starts
 from .comfy_server import send_status
 from .comfy_vae import vae_device, vae_model, with_vae_compile
 
 __all__ = ["compile_ahead", "diagnosis_calls", "compiled_model_of", "diffusion_model",
            "load_device", "with_compile_wrapper", "without_compile_wrapper", "user_directory",
-           "prewarm_when_server_starts", "send_status", "vae_device", "vae_model",
+           "send_status", "vae_device", "vae_model",
            "with_vae_compile"]

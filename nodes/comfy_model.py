@@ -14,9 +14,9 @@ import comfy.patcher_extension as patcher_extension
 
 from ..compile_core import api
 from ..compile_core.report import log
-from ..compile_core.run import pacing
+from ..compile_core.run import background
 from . import weight_routing
-from .comfy_server import prompts_started, send_if_any, send_status, server_idle
+from .comfy_server import send_if_any, send_status, server_idle
 from .dynamic_vram import compile_clone
 
 WRAPPER_KEY = "torch_compile_speed"
@@ -39,7 +39,7 @@ def load_device(model_patcher):
 def with_compile_wrapper(model_patcher, compiled, node_id=None):
     """A clone of ``model_patcher`` (``dynamic_vram.compile_clone``) whose model calls run
     ``compiled``; a TorchCompileModel wrapper of core's on it is removed, with a warning."""
-    pacing.set_idle_check(server_idle, prompts_started)
+    background.set_idle_check(server_idle)
     clone, compiled.memory_path = compile_clone(model_patcher)
     clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
     if clone.get_wrappers(APPLY_MODEL, CORE_COMPILE_KEY):  # never compile twice

@@ -1,5 +1,5 @@
 """ComfyUI's server (``PromptServer``): the node badge's status messages, whether the server
-is idle and how many prompts it has started.
+is idle.
 
 ``server`` is imported where it is used, so importing this module needs no server: the
 benchmarks import the compiled-call path with ComfyUI's packages alone.
@@ -13,18 +13,10 @@ STATUS_EVENT = "torch_compile_speed.status"  # web/js listens for it (the node b
 
 def server_idle() -> bool:
     """No prompt running or queued on this ComfyUI server (a CPU model's background compile runs
-    then, see ``compile_core.run.pacing``); True outside a server."""
+    then, see ``compile_core.run.background``); True outside a server."""
     from server import PromptServer
     instance = getattr(PromptServer, "instance", None)
     return instance is None or instance.prompt_queue.get_tasks_remaining() == 0
-
-
-def prompts_started() -> int:
-    """How many prompts this server's worker has taken from its queue (``PromptQueue``'s
-    ``task_counter``); 0 outside a server."""
-    from server import PromptServer
-    instance = getattr(PromptServer, "instance", None)
-    return 0 if instance is None else int(instance.prompt_queue.task_counter)
 
 
 def send_status(payload: dict) -> None:

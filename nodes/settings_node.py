@@ -51,8 +51,8 @@ _TIPS = {
                           "eagerly while a worker thread compiles; the compiled blocks are swapped "
                           "in at a step once ready (the badge says 'compiling in the background'). "
                           "On CUDA the compile runs on the CPU beside the sampling, in mode "
-                          "'default'. A model on the CPU compiles while the server is idle and "
-                          "pauses while prompts run (they share the cores). Off: the first step "
+                          "'default'. A model on the CPU starts its compile once the server is idle "
+                          "(they share the cores), at most 2 minutes later. Off: the first step "
                           "compiles and the run waits for it.",
 }
 

@@ -16,7 +16,7 @@ costs at most a bounded timeout and one warning; the worker then compiles locall
 
 Authenticity: what torch loads from these entries includes pickles and native code, so anyone who
 can write to the store could run code on every worker. With ``TORCH_COMPILE_SPEED_SHARED_KEY``
-set (the same secret on every worker), each published entry and the prewarm manifest is signed
+set (the same secret on every worker), each published entry is signed
 with HMAC-SHA256 over its sealed bytes, and a worker loads only entries whose HMAC verifies with
 its key (constant-time compare); anything else is refused with one warning and compiled locally.
 Without the key, entries are trusted unsigned (the store itself must then be trusted), which a
@@ -29,10 +29,7 @@ keep entries in ``fleet_stores``.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -40,15 +37,13 @@ import torch
 
 from ..report import log
 from ..plan import switches
-from .fleet_entries import (KEY_ENV, FleetAuthError, FleetError, artifact_identity, artifact_key,
+from .fleet_entries import (KEY_ENV, FleetError, artifact_identity, artifact_key,
                             pack_dir, seal, sign, unpack_into, unseal, verify)
 from .fleet_stores import STORE_ENV, env_number, store_from_env
 
 MAX_MB_ENV = "TORCH_COMPILE_SPEED_SHARED_MAX_MB"
 REQUIRE_SIGNED_ENV = "TORCH_COMPILE_SPEED_SHARED_REQUIRE_SIGNED"  # operator: no key, no store
 DEFAULT_MAX_MB = 2048.0
-MANIFEST_MAX_BYTES = 1 << 20  # the shared prewarm manifest (a list of module and file names)
-PREFETCH_MAX = 4  # entries a new worker fetches at start-up
 
 
 def key_from_env() -> bytes | None:
@@ -150,44 +145,6 @@ class Fleet:
         log.info("published %s (%.1f MB) to shared cache %s", fingerprint[:12], len(payload) / 2 ** 20,
                  self.store.describe())
         return True
-
-    # -- the prewarm manifest (compile_core.cache.prewarm): which compiler modules and source files a
-    # worker's compile needed, so a new worker warms them at start-up, before any fingerprint
-    def publish_manifest(self, manifest: dict) -> bool:
-        shared = {k: v for k, v in manifest.items() if k != "isa_dir"}  # a local path
-        return self._put_sealed(*_manifest_key(), json.dumps(shared).encode())
-
-    def fetch_manifest(self) -> dict | None:
-        try:
-            payload = self._get_sealed(*_manifest_key(), MANIFEST_MAX_BYTES)
-            data = None if payload is None else json.loads(payload)
-        except FleetAuthError as exc:  # a hostile or misconfigured writer: say so, once
-            log.warn_once("fleet-fetch:FleetAuthError", "shared prewarm manifest not used (%s)", exc)
-            return None
-        except Exception as exc:  # noqa: BLE001 - only an optimisation; a store that is down
-            # gets its one warning from the first compile's fetch
-            log.info_once(f"fleet-manifest:{type(exc).__name__}",
-                          "shared prewarm manifest unavailable (%s: %s)", type(exc).__name__, exc)
-            return None
-        return data if isinstance(data, dict) else None
-
-    def prefetch(self, fingerprints: list[str], device: torch.device, local) -> list[Path]:
-        """A new worker, at start-up: fetch the entries other workers compiled most recently
-        into the local persistent cache (``local``), so its first compile finds them there.
-        Returns the inductor dirs filled."""
-        filled = []
-        for fp in fingerprints[:PREFETCH_MAX]:
-            if local.is_complete(fp):
-                continue
-            if self.fetch_into(fp, device, local.inductor_dir(fp)):
-                local.mark_complete(fp, {"regions": "fetched from the shared cache at start-up"})
-                filled.append(local.inductor_dir(fp))
-        return filled
-
-
-def _manifest_key() -> tuple[str, dict]:
-    ident = {"torch": torch.__version__, "python": platform.python_version(), "kind": "prewarm"}
-    return "prewarm-" + hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24], ident
 
 
 def _publish_failed(exc: Exception) -> None:

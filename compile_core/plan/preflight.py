@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from ..torch_support import aot, compile_threads, torch_compat
+from ..torch_support import aot, torch_compat
 from ..torch_support.longpaths import on_windows
 from .settings import CompileSettings
 
@@ -41,7 +41,6 @@ def torch_features() -> dict[str, bool]:
         "aot_compile": aot.aot_compile_knobs() is not None,
         "load_compiled_function": aot.load_compiled_function(),
         "backed_size_oblivious_safe": torch_compat.backed_size_oblivious_safe(),
-        "compiles_after_a_thread_ends": compile_threads.after_a_thread_ends(),
     }
 
 

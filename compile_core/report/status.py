@@ -12,7 +12,7 @@ def remember_measurement(entry, fields: dict) -> None:
 
 def status_payload(compiled, node_id: str | None = None) -> dict:
     """``state`` is one of: ``eager-fallback`` (compile failed), ``background-after-run`` (a CPU
-    model runs eagerly; its compile waits for the server to be idle, or pauses for a prompt),
+    model runs eagerly; its compile waits for the server to be idle),
     ``compiling-background`` (the model runs eagerly while a worker thread compiles it),
     ``reused`` (compiled work found
     in this server), ``warm`` (compiled here from the persistent cache), ``cold`` (compiled from

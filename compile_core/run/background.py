@@ -13,10 +13,12 @@ others wait for it (``wait_idle``). Each job runs in a copy of the submitting th
 thread would not see the caller's settings. The job applies the caller's grad and inference
 modes (thread-local) too, so its graphs' guards hold on the main thread.
 
-A job may *yield* (``submit(..., yields=True)``): the compile of a model that runs on the CPU,
-where the compile and the model share the same cores. It starts once the host is idle and
-pauses while a prompt runs (``pacing``); whoever waits for the worker (``wait_idle``) gets it
-done at once. A GPU model's compile runs on the CPU beside its sampling, from the start.
+A job may *wait for an idle host* (``submit(..., yields=True)``): the compile of a model that
+runs on the CPU, where the compile and the model share the same cores. It starts once the host
+says it is idle (ComfyUI: no prompt running or queued, ``set_idle_check``), or after
+``IDLE_WAIT_S`` on a host that never is; whoever waits for the worker (``wait_idle``) starts it
+at once. Once started, it runs to its end like any other job. A GPU model's compile runs on the
+CPU beside its sampling, from the start.
 """
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ import contextlib
 import contextvars
 import dataclasses
 import queue
-import sys
 import threading
 import time
 from typing import Callable, Iterator
@@ -32,10 +33,11 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import fallback, pacing
+from . import fallback
 from ..report import log
-from ..torch_support import compile_threads, openmp
 
+IDLE_WAIT_S = 120.0  # s: the longest a CPU model's compile waits for the host to be idle
+POLL_S = 0.05  # s between the questions while it waits
 MAX_CAPTURED = 16  # region variants whose inputs one capture keeps (identical blocks share one)
 # Serialises the moments the worker's compile scope sets or restores the process-wide
 # environment with the foreground's own short scopes (``env_lock``).
@@ -48,10 +50,7 @@ class Job:
     def __init__(self, fn: Callable[[], None], label: str, yields: bool = False):
         self.fn, self.label, self.yields = fn, label, yields
         self.started = threading.Event()  # the worker runs it (a yielding job: the host was idle)
-        self.pauses, self.paused_s = 0, 0.0  # while prompts ran (``pacing``)
-        self.paused = False  # sleeping in a pause now
-        self.beside: pacing.Beside | None = None  # a yielding job's time beside prompts
-        self.compilers_held = 0  # how many times its compilers were stopped for prompts (``compilers``)
+        self.waited_s = 0.0  # how long a yielding job waited for the host to be idle
         self.context = contextvars.copy_context()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -67,8 +66,7 @@ class Job:
     def _run(self) -> None:
         start = time.perf_counter()
         try:
-            with pacing.paced(self) if self.yields else contextlib.nullcontext():
-                self.result = self.context.run(self.fn)
+            self.result = self.context.run(self.fn)
         except BaseException as exc:  # noqa: BLE001 - the engine reports it (one warning)
             # classified while its frames are there; then they go (they hold the captured inputs)
             self.failure = fallback.explain(exc) if fallback.is_compile_failure(exc) else ""
@@ -99,6 +97,7 @@ class _Worker:
         self._thread: threading.Thread | None = None
         self._jobs: list[Job] = []  # queued or running, in order
         self.current: Job | None = None  # the job running now
+        self.waiters = 0  # threads in ``wait_idle``: a job waiting for an idle host starts now
 
     def submit(self, job: Job) -> Job:
         with self._lock:
@@ -115,26 +114,41 @@ class _Worker:
         return self._pending > 0
 
     def running(self) -> bool:
-        """A job is compiling now (not queued, not waiting for the host, not paused)."""
+        """A job is compiling now (not queued, not waiting for the host)."""
         job = self.current
-        return job is not None and job.started.is_set() and not job.paused
+        return job is not None and job.started.is_set()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        with pacing.waiting(), self._idle:  # (whoever waits needs yielding jobs done now)
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        with self._idle:
+            self.waiters += 1
+            try:
+                return self._idle.wait_for(lambda: self._pending == 0, timeout)
+            finally:
+                self.waiters -= 1
+
+    def _start_when_idle(self, label: str) -> float:
+        """Block until the host is idle, someone waits for the worker, or ``IDLE_WAIT_S``
+        passed; the seconds it waited."""
+        start = time.monotonic()
+        if self.waiters or host_idle():
+            return 0.0
+        log.info("%s compiles in the background once the server is idle (at most %.0f s from now)",
+                 label, IDLE_WAIT_S)
+        while not (self.waiters or host_idle()) and time.monotonic() - start < IDLE_WAIT_S:
+            time.sleep(POLL_S)
+        return time.monotonic() - start
 
     def _loop(self) -> None:
-        # (not niced: tracing is Python under the GIL, and a niced thread rarely wins the GIL
-        # from a busy main thread; measured: a 25 s compile did not finish in 80 s)
+        # One thread that lives as long as the process: a compile never runs on a thread that
+        # ends (torch 2.11 crashes a later compile once a thread that compiled has ended).
         while True:
             job = self._queue.get()
             self.current = job
             if job.yields:
-                pacing.start_when_idle(job.label)
+                job.waited_s = self._start_when_idle(job.label)
             job.started.set()
             try:
-                with short_gil_turns():
-                    _in_own_thread(job._run, job.label)
+                job._run()
             finally:
                 self.current = None
                 with self._idle:
@@ -144,46 +158,22 @@ class _Worker:
                 job = None  # (not held while the loop waits for the next one)
 
 
-def _in_own_thread(fn: Callable[[], None], label: str) -> None:
-    """Run ``fn`` in a thread that ends with it. A compile runs its graphs once on the captured
-    inputs, and on the CPU their OpenMP loops give the calling thread a thread team of its own
-    that lives as long as the thread. With a second team alive, the OpenMP runtime has more
-    threads than cores and stops spinning between parallel loops, so every later model call is
-    slower (measured, 2 cores, tiny WAN: the regional graphs 52 -> 90 ms a call after a compile
-    on the long-lived worker; unchanged after one in a thread that ended). Not on a torch where
-    a thread that compiled must not end (``compile_threads``): there ``fn`` runs on the worker,
-    which never ends, and gives its OpenMP team back after each job (``openmp``)."""
-    if not compile_threads.after_a_thread_ends():
-        fn()
-        openmp.release_thread_team()
-        return
-    thread = threading.Thread(target=fn, name=f"tcs-compile {label}"[:60], daemon=True)
-    thread.start()
-    thread.join()
-
-
 WORKER = _Worker()
+_IDLE_CHECK: list[Callable[[], bool]] = [lambda: True]
 
 
-SWITCH_INTERVAL = 0.0005  # s, while a job runs (Python's default is 0.005)
+def set_idle_check(check: Callable[[], bool]) -> None:
+    """The host's "nothing is running or queued" test (default: always idle)."""
+    _IDLE_CHECK[0] = check
 
 
-@contextlib.contextmanager
-def short_gil_turns() -> Iterator[None]:
-    """Shorter GIL turns while the worker compiles. Every torch op of an eager step releases
-    the GIL, and getting it back means waiting for the worker's turn to end; with Python's
-    5 ms turns a step of a few hundred ops took 2.5-4.4 s whenever dynamo's tracing (pure
-    Python) ran beside it (measured: 8-block tiny WAN, 55 ms alone). With 0.5 ms turns the
-    slowest step beside the compile was 0.8 s and the compile took 7 % longer. The interval
-    is process-wide; it is put back after the job, unless someone else changed it meanwhile."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, SWITCH_INTERVAL))
-    ours = sys.getswitchinterval()
+def host_idle() -> bool:
     try:
-        yield
-    finally:
-        if sys.getswitchinterval() == ours:
-            sys.setswitchinterval(before)
+        return bool(_IDLE_CHECK[0]())
+    except Exception as exc:  # noqa: BLE001 - a broken check must not hold a compile back
+        log.warn_once("bg-idle-check", "could not tell whether the server is idle (%s: %s); the "
+                      "background compile starts now", type(exc).__name__, exc)
+        return True
 
 
 def submit(fn: Callable[[], None], label: str, yields: bool = False) -> Job:
@@ -222,7 +212,7 @@ def wait_idle(timeout: float | None = None) -> bool:
 @contextlib.contextmanager
 def env_lock() -> Iterator[None]:
     """Hold while a scope sets or restores the pack's process-wide environment variables."""
-    with pacing.unpaused(), _ENV_LOCK:
+    with _ENV_LOCK:
         yield
 
 

@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import background, beside, compile_pass, compilers, new_shapes, pacing
+from . import background, beside, compile_pass, new_shapes
 from .attach import region_variant
 from .state import ModelState
 from ..plan import shapes
@@ -50,10 +50,9 @@ class Background:
 
     @property
     def held(self) -> bool:
-        """Its compile waits for the server to be idle, or pauses while a prompt runs (``pacing``)."""
+        """Its compile waits for the server to be idle (``background``)."""
         job = self.job
-        return job is not None and job.yields and not job.done.is_set() \
-            and (not job.started.is_set() or job.paused)
+        return job is not None and job.yields and not job.started.is_set()
 
     def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device) -> tuple | None:
         """``(output,)`` of a call that ran eagerly while this model's compile is pending, or
@@ -109,12 +108,11 @@ class Background:
 
     def queue(self, captured: list, device: torch.device, what: str) -> None:
         """Queue the compile of ``captured`` on the worker (this call ran them eagerly). A CPU
-        model's compile yields to prompts (``pacing``), unless its regions are saved (loading
+        model's compile waits for an idle server (``background``), unless its regions are saved (loading
         them takes a fraction of a second)."""
         fast = self.state.precompiled()
         yields = device.type == "cpu" and not (fast and fast.saved([c.module for c in captured], device))
-        if not yields:  # before the worker starts (a yielding job does it there, when it may)
-            hooks.warm_fx_tracers()
+        hooks.warm_fx_tracers()  # here, before the worker starts: see ``hooks``
         self.captured = (captured, self.worker_context)
         ref = weakref.ref(self)
         self.job = background.submit(functools.partial(_queued_compile, ref, device),
@@ -123,8 +121,7 @@ class Background:
         self.job.on_done = functools.partial(_background_done, ref)
         if yields:
             log.info("%s runs on the CPU, whose cores its eager steps use: its background "
-                     "compile runs while the server is idle and pauses while prompts run",
-                     self.state.description)
+                     "compile starts once the server is idle", self.state.description)
 
     def probe(self) -> "new_shapes.EagerOnMiss | None":
         """In background mode, once compiled: a region call no graph takes runs eagerly and
@@ -148,16 +145,12 @@ class Background:
         """On the worker: compile each captured region by calling it, compiled, on its inputs
         (the same scope, shapes, saved regions and caches as a foreground compile), inside
         ``context()``. Returns the number of graphs it compiled, traced or loaded."""
-        hooks.warm_fx_tracers()  # (cached: a no-op unless the job yields)
         s = self.state
         scope, _ = s.scope(device.type == "cuda")
         p = compile_pass.begin(s, [c.module for c in captured], device)
         with background.locked_scope(scope.active()), \
                 (context() if context is not None else contextlib.nullcontext()):
-            compile_pass.probe_isa(s, p, device)
             for c in captured:
-                # before dynamo's entry, which runs for a while before its first pause point
-                pacing.pause_point()
                 region = shapes.shaped_call(s.entry.compiled, c.module, s.shaper(c.module), p.fast)
                 with c.modes():
                     region(*c.args, **c.kwargs)
@@ -216,11 +209,9 @@ def _background_done(ref: "weakref.ref[Background]") -> None:
         return
     job = route.job
     if job is not None:
-        paused = f", {job.pauses} pause(s) for prompts ({job.paused_s:.1f} s)" if job.pauses else ""
-        paused += job.beside.text() if job.beside is not None else ""
-        paused += compilers.held_text(job.compilers_held)
+        waited = f" (after {job.waited_s:.1f} s waiting for an idle server)" if job.waited_s >= 0.1 else ""
         log.info("background compile of %s finished in %.1f s%s; the model's next call %s",
-                 route.state.description, job.seconds, paused,
+                 route.state.description, job.seconds, waited,
                  "takes the compiled graphs" if job.error is None else "says what happened")
     if route.on_done is not None:
         route.on_done()

@@ -1,5 +1,5 @@
 """One model call that may compile: what it finds before, and what it records after (graphs,
-caches, the prewarm manifest, the fleet)."""
+caches, the fleet)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,17 +8,15 @@ import time
 import torch
 from torch import nn
 
-from . import pacing
 from .state import ModelState
-from ..cache import precompiled, prewarm
+from ..cache import precompiled
 from ..report import log
-from ..torch_support import cpu_isa, dynamo_records, scoped
+from ..torch_support import dynamo_records, scoped
 
 
 @dataclasses.dataclass
 class CompilePass:
     first_compile: bool
-    recorder: object
     fast: precompiled.Precompiled | None
     graphs_before: int
     cache_before: tuple
@@ -31,19 +29,16 @@ class CompilePass:
 
 def begin(state: ModelState, modules: list[nn.Module], device: torch.device, keep_keys: bool = False,
           scope: scoped.Scope | None = None, warm: bool = False) -> CompilePass:
-    """What a call that may compile needs first (the first compile: prewarm, the fleet),
+    """What a call that may compile needs first (the first compile: the fleet),
     and the counters ``finish`` compares against. ``keep_keys``: see ``CompiledModel.sampling_run``.
     With ``scope``, a call on the saved-region path after the first compile leaves the scope to
     the saved regions (``p.lazy_scope``): they enter it where a trace, a load or a first call
     needs it, so a call they take costs no scope."""
-    recorder, first_compile = None, state.entry.graphs == 0
-    if first_compile:
-        prewarm.wait()  # a background warm-up's imports must not race this compile's
-        if state.persistent:
-            recorder = prewarm.ImportRecorder()
-            _before_first_compile(state, device)
+    first_compile = state.entry.graphs == 0
+    if first_compile and state.persistent:
+        _before_first_compile(state, device)
     fast = state.precompiled()
-    p = CompilePass(first_compile, recorder, fast, dynamo_records.graph_count(), cache_counts(state),
+    p = CompilePass(first_compile, fast, dynamo_records.graph_count(), cache_counts(state),
                     time.time_ns() // 1000, time.perf_counter(), dynamo_records.graph_break_count())
     p.lazy_scope = scope is not None and fast is not None and not first_compile and not warm
     if fast is not None:
@@ -51,14 +46,8 @@ def begin(state: ModelState, modules: list[nn.Module], device: torch.device, kee
     return p
 
 
-def probe_isa(state: ModelState, p: CompilePass, device: torch.device) -> None:
-    if p.first_compile and device.type == "cpu" and state.settings.backend == "inductor":
-        # side by side, not one ISA after another; one at a time where the compile yields
-        cpu_isa.probe(pacing.lowered_step if pacing.in_yielding_job() else None)
-
-
 def finish(state: ModelState, p: CompilePass, device: torch.device, where: str = "") -> bool:
-    """Record the graphs this pass compiled (caches, frames, prewarm manifest); True when
+    """Record the graphs this pass compiled (caches, frames); True when
     it compiled or loaded any."""
     # a region loaded by torch's AOT API counts like a graph compiled from the cache
     loaded = p.fast.loaded - p.cache_before[2] if p.fast else 0
@@ -68,17 +57,7 @@ def finish(state: ModelState, p: CompilePass, device: torch.device, where: str =
         state.entry.graph_breaks += dynamo_records.graph_break_count() - p.breaks_before
         state.entry.frames.extend(frames_since(p.start_us))
         note_cache(state, p.cache_before, device)
-        if p.recorder is not None:  # what a restarted server can warm before its first compile
-            _record_prewarm(state, p, device)
     return changed
-
-
-def _record_prewarm(state: ModelState, p: CompilePass, device: torch.device) -> None:
-    isa_dir = state.persistent.inductor_dir(state.fingerprint) if device.type == "cpu" else None
-    changed_files = prewarm.record(state.persistent.root, p.recorder.new(), prewarm.traced_files(),
-                                   isa_dir and str(isa_dir), state.fingerprint)
-    if changed_files and state.fleet:
-        state.fleet.publish_manifest(changed_files)
 
 
 def frames_since(start_us: int) -> list[dict]:

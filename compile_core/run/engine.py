@@ -24,7 +24,6 @@ from .beside import Beside
 from .compiled_call import make_compiled_call
 from .foreground import Foreground
 from .state import ModelState
-from ..cache import prewarm
 from ..cache.fleet import Fleet
 from ..cache.persist import PersistentCache
 from ..cache.registry import REGISTRY, CompiledEntry, ReuseRegistry
@@ -139,7 +138,6 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     ``plan``: regions chosen by the caller (e.g. ``compile_core.plan.vae``), instead of ``plan_regions``:
     such a plan compiles in the foreground (a VAE's decoder carries state from one chunk's call
     to the next, which an eager first call with its inputs captured would not see the same way)."""
-    prewarm.wait()
     if plan is not None and settings.background_compile:
         settings = dataclasses.replace(settings, background_compile=False)
     plan = plan or plan_regions(diffusion_model, settings.blocks_only)

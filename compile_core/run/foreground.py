@@ -35,7 +35,6 @@ class Foreground:
         try:
             with (contextlib.nullcontext() if p.lazy_scope else scope.active()), \
                     s.attached(modules, p.fast, miss, failures):
-                compile_pass.probe_isa(s, p, device)
                 s.warm_if_first(call, device, warm)
                 out = call()
         except Exception as exc:  # noqa: BLE001 - classified right below

@@ -11,6 +11,7 @@ import io
 
 import torch
 
+from . import probe_memo
 from .probing import _fresh, _probe, _sin2
 
 
@@ -28,7 +29,7 @@ def aot_compile_knobs() -> dict | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def load_compiled_function() -> bool:
     """A function from ``aot_compile`` serializes and ``torch.compiler.load_compiled_function``
     loads it back into a working function."""
@@ -64,7 +65,7 @@ def aot_capture():
         yield
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def cache_artifacts() -> bool:
     """``torch.compiler.save_cache_artifacts`` / ``load_cache_artifacts`` run."""
     def run():

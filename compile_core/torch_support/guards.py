@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import probe_memo
 from .probing import _Counter, _probe
 
 
@@ -19,7 +20,7 @@ class _Probed(torch.nn.Module):  # the guard-check probe's region
         return x.sin() * scale
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def guard_check() -> bool:
     """``cached_graph_accepts`` answers like dynamo: True for a call a graph of that compiled
     function takes (also a second module of the same class), False for a new size or dtype,

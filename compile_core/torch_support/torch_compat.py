@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from . import aot, compile_threads, guards, probing, weight_fetch
+from . import aot, guards, probe_memo, probing, weight_fetch
 from .probing import _Counter, _fresh, _probe, _sin2
 
 MIN_VERSION = (2, 8)
@@ -42,7 +42,7 @@ def unsupported() -> str:
 
 # ------------------------------------------------------------------------------ the probes
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def compile_works() -> bool:
     """A tiny function compiles into one graph and gives eager's result."""
     def run():
@@ -61,7 +61,7 @@ def _limits_to_one(make: Callable[[_Counter], Callable]) -> bool:
     return all(o.shape == (n,) for o, n in zip(outs, (2, 3))) and c.graphs == 1
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def recompile_limit_kwarg() -> bool:
     """``torch.compile(recompile_limit=)`` is accepted and enforced."""
     return _probe(lambda: _limits_to_one(
@@ -85,7 +85,7 @@ def recompile_limit_knob() -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def isolate_recompiles() -> bool:
     """``torch.compile(isolate_recompiles=True)`` gives each compile its own cache and budget:
     two compiles of one function, each limited to one entry, both compile a graph."""
@@ -102,7 +102,7 @@ def isolate_recompiles() -> bool:
     return _probe(run)
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def mark_unbacked() -> bool:
     """``torch._dynamo.decorators.mark_unbacked``: one graph serves two sizes."""
     def run():
@@ -118,7 +118,7 @@ def mark_unbacked() -> bool:
     return _probe(run)
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def guard_filter_fn() -> bool:
     """``options={"guard_filter_fn": f}``: torch calls ``f`` with the guards it builds."""
     def run():
@@ -133,7 +133,7 @@ def guard_filter_fn() -> bool:
     return _probe(run)
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def nested_compile_region() -> bool:
     """``torch.compiler.nested_compile_region`` wraps a function that compiles and runs."""
     def run():
@@ -166,7 +166,7 @@ def _wan_modulation(x, e, modulation):
     return torch.addcmul(_repeat_e(e[0], x), x, 1 + _repeat_e(e[1], x))
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def backed_size_oblivious_safe() -> bool:
     """Under ``backed_size_oblivious`` (and no duck sizing), WAN's modulation with its size-1
     marked dim compiles once and serves a second token count with eager's result. torch 2.8
@@ -221,7 +221,6 @@ FEATURES: dict[str, Callable[[], object]] = {
     "cache_artifacts": aot.cache_artifacts,
     "opaque_weight_fetch": weight_fetch.opaque_weight_fetch,
     "guard_check": guards.guard_check,
-    "compiles_after_a_thread_ends": compile_threads.after_a_thread_ends,  # (a child process)
 }
 
 

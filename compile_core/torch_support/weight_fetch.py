@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from . import probe_memo
 from .probing import _Counter, _fresh, _probe
 
 try:  # torch 2.14+ (opaque objects' base, renamed)
@@ -120,7 +121,7 @@ def _fetch_twice(fetch, holder, x):
     return fetch(holder.ref, x)[0] * 2
 
 
-@functools.lru_cache(maxsize=None)
+@probe_memo.remembered
 def opaque_weight_fetch() -> bool:
     """This module's op on an opaque reference object: one graph serves two different objects
     (their state is not guarded), and each call gets its own object's value."""

@@ -19,7 +19,7 @@ CALL_LINE_K = re.compile(r"TCSTest: call \d+ regions compiled (\d+)")
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory, tiny_wan_path):
-    h = ComfyHost(tmp_path_factory.mktemp("background"), models=[tiny_wan_path])
+    h = ComfyHost(tmp_path_factory.mktemp("background"), models=[tiny_wan_path], env={"TCS_TEST_WATCH": "1"})
     with h:
         yield h
 
@@ -120,7 +120,7 @@ def test_a_cpu_models_compile_waits_for_the_end_of_the_run_and_the_next_run_is_c
     assert "background-after-run" in states and states[-1] == "cold", states
     assert rel_l2(host.latent(hist), eager_ref) < 1e-3
     assert _calls(log) == {n: 0 for n in range(1, STEPS + 1)}, log  # eager throughout
-    assert len(pack_lines(log, "its background compile runs while the server is idle")) == 1, log
+    assert len(pack_lines(log, "its background compile starts once the server is idle")) == 1, log
     assert len(pack_lines(log, "compiles in the background once the server is idle")) == 1, log
     # it compiled once the prompt was done (its last step came before any compile)
     assert log.index(f"TCSTest: call {STEPS} ") < log.index("compiled WanAttentionBlock x2 in the background: "), log
@@ -279,40 +279,36 @@ def test_with_the_node_defaults_the_first_run_does_not_wait_for_the_compile(host
     assert rel_l2(host.latent(hist2), eager_ref) < 1e-3
 
 
-def test_the_bridge_tells_a_background_compile_that_a_prompt_runs_and_counts_each_prompt(host, tiny_wan):
-    """A background compile's pacing asks the pack's bridge whether the server is idle and how
-    many prompts it has started (its record of what it ran beside prompts sees a prompt that
-    began and ended between two of its checks): inside a prompt the server is busy, and each
-    prompt counts once."""
+def test_the_bridge_tells_a_background_compile_whether_a_prompt_runs(host, tiny_wan):
+    """A CPU model's background compile asks the pack's bridge whether the server is idle:
+    inside a prompt it is busy."""
     reports = [host.probe(host.run(wan_t2v_prompt(tiny_wan, apply=False, steps=1, prefix=f"count{i}")))
                for i in range(2)]
     servers = [r["server"] for r in reports]
-    assert not any(s["idle"] for s in servers), servers
-    assert servers[0]["prompts_started"] >= 1, servers
-    assert servers[1]["prompts_started"] == servers[0]["prompts_started"] + 1, servers
+    assert servers and not any(s["idle"] for s in servers), servers
 
 
-def test_a_prompt_that_comes_during_the_compile_pauses_it(host, tiny_wan, eager_ref):
-    """A CPU model's compile runs while the server is idle: a prompt that comes meanwhile runs
-    (eagerly) without it, the compile pauses until the server is idle again, then finishes."""
-    settings = {**BG, "backend": "tcs_test_pausable_backend"}  # 3 s of pausable compile work
+def test_a_prompt_that_comes_during_the_compile_runs_beside_it_untouched(host, tiny_wan, eager_ref):
+    """A CPU model's compile starts once the server is idle; a prompt that comes meanwhile runs
+    (eagerly) beside it with nothing paused, signalled or patched (the test nodes' process
+    watch: a FAKE of nothing, it only looks), and the compile finishes."""
+    settings = {**BG, "backend": "tcs_test_pausable_backend"}  # 3 s of fx interpretations
     offset = host.log_offset()
     host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
-                                         prefix="pause_first"), call=1000))
-    # the compile starts once the server is idle; a prompt comes 0.5 s into it
-    time.sleep(0.5)
-    start = time.monotonic()
+                                         prefix="beside_first"), call=1000))
+    time.sleep(0.5)  # the compile starts once the server is idle; a prompt comes 0.5 s into it
     hist = host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=10 * STEPS,
-                                                prefix="pause_during"), call=1000))
-    during = time.monotonic() - start
-    paused = pack_lines(host.log_text(since=offset), "the background compile of WanAttentionBlock x2 pauses")
-    assert len(paused) == 1, host.log_text(since=offset)
-    done = host.wait_for_pack_line("background compile of WanAttentionBlock x2 finished", since=offset)
-    pauses = re.search(r"(\d+) pause\(s\) for prompts \(([\d.]+) s\)", done[0])
-    assert pauses and float(pauses.group(2)) > 0.5 * during, (done, during)  # it waited out that prompt
+                                                prefix="beside_during"), call=1000))
+    host.wait_for_pack_line("background compile of WanAttentionBlock x2 finished", since=offset)
     log = host.log_text(since=offset)
+    assert "pause" not in log.lower(), log
     assert all(v == 0 for v in _calls(log).values()), log  # both prompts ran eagerly
     assert hist["status"]["status_str"] == "success"
     hist3 = host.run(_with_waiter(wan_t2v_prompt(tiny_wan, compile_settings=settings, steps=STEPS,
-                                                 prefix="pause_after"), call=1000))
+                                                 prefix="beside_after"), call=1000))
     assert rel_l2(host.latent(hist3), eager_ref) < 1e-3
+    watch = host.probe(hist3)["watch"]
+    assert watch["samples"] > 10, watch
+    assert watch["job_control_signals"] == [] and watch["replaced"] == [], watch
+    assert watch["switch_intervals"] == [watch["switch_interval_at_start"]], watch
+    assert watch["niced"] == [], watch

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from harness import (PromptError, counters_delta, make_tiny_wan, wan_consumer_nodes,
+from harness import (PACK_NAME, PromptError, counters_delta, make_tiny_wan, pack_lines, wan_consumer_nodes,
                      wan_t2v_prompt, wan_two_branch_prompt)
 
 
@@ -71,37 +71,17 @@ def test_rejected_and_failed_prompts_are_reported(comfy_host, tiny_wan):
     assert "force_parameter_static_shapes" in str(err.value)
 
 
-def test_a_prompt_posted_during_the_start_up_probes_runs_after_them(make_host, tiny_wan):
-    """The pack's start-up warm-up probes torch's features on a thread of its own, by compiling
-    tiny functions. Compiled code running beside them can deadlock (dynamo's compile lock
-    against logging's lock: a server whose first prompt used core's TorchCompileModel hung).
-    A prompt posted the moment the server answers, with core's compile, waits for the probes
-    (the pack's on-prompt hook): its model loads only after their log line, and it completes."""
+def test_a_server_that_never_uses_the_pack_pays_nothing_for_it_at_start_up(make_host, tiny_wan):
+    """A prompt without any node of the pack, posted the moment the server answers: no hook of
+    the pack holds it, no thread of the pack runs, nothing is frozen out of the garbage
+    collector's reach, and the pack writes no line to the log."""
     host = make_host()
-    p = wan_t2v_prompt(tiny_wan, apply=False, prefix="early")
-    p["compile"] = {"class_type": "TorchCompileModel", "inputs": {"model": ["loader", 0], "backend": "cudagraphs"}}
-    p["sampler"]["inputs"]["model"] = ["compile", 0]
-    hist = host.run(p, timeout=300)
-    log = host.log_text()
-    probed, loaded = log.find("probed this torch's compile features"), log.find("Requested to load")
-    assert 0 <= probed < loaded, log[-3000:]
-    assert host.probe(hist, "probe")["stats"]["unique_graphs"] >= 1  # core's compile ran
-
-
-def test_prompts_stop_waiting_for_start_up_probes_that_never_end(make_host, tiny_wan):
-    """Probes stuck for good (a FAKE from the test nodes, TCS_TEST_STUCK_PROBES; the wait cut
-    to 1 s): the first prompt waits once, one warning says prompts no longer wait, and every
-    prompt completes."""
-    host = make_host(env={"TCS_TEST_STUCK_PROBES": "1"})
-    for i in range(2):
-        p = wan_t2v_prompt(tiny_wan, apply=False, prefix=f"stuck{i}")
-        del p["probe"]  # it reads dynamo's counters only after the warm-up, which never ends here
-        host.run(p, timeout=120)
-    log = host.log_text()
-    warning = "the start-up feature probes still run after 1 s: prompts no longer wait for them"
-    assert log.count(warning) == 1, log[-3000:]
-    assert "probed this torch's compile features" not in log  # the fake really held them
-    assert log.index(warning) < log.index("Requested to load")  # the first prompt waited
+    hist = host.run(wan_t2v_prompt(tiny_wan, apply=False, prefix="early"), timeout=300)
+    process = host.probe(hist, "probe")["process"]
+    assert process["gc_frozen"] == 0, process
+    assert not [m for m in process["on_prompt_handlers"] if PACK_NAME in m or "prewarm" in m], process
+    assert not [t for t in process["threads"] if t.startswith(("tcs-", "torch-compile-speed"))], process
+    assert pack_lines(host.log_text()) == [], host.log_text()[-3000:]
 
 
 def test_two_branch_prompt_with_core_compile(make_host, tiny_wan):

@@ -226,7 +226,7 @@ def _garble(entry):
 
 def _kernel_sources(entry):
     """The compiled graphs' C++ sources (``<hash>.main.cpp``); not the CPU ISA probe's sources,
-    which land in whichever cache dir the process probed in first (see compile_core.cache.prewarm)."""
+    which land in whichever cache dir the process probed in first."""
     return sorted(p.name for p in (entry / "inductor").rglob("*.main.cpp"))
 
 

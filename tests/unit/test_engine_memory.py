@@ -158,9 +158,9 @@ def test_a_model_compiled_in_the_background_is_freed_once_dropped(wan, swapped):
 def test_a_waiting_background_compile_of_a_dropped_model_is_dropped(wan, pack_log, monkeypatch):
     """On the CPU a background compile waits until the server is idle; a model ComfyUI lets go
     meanwhile is freed at once, and its job compiles nothing."""
-    from compile_core.run import background, pacing
+    from compile_core.run import background
     host = {"idle": False}
-    monkeypatch.setattr(pacing, "_IDLE_CHECK", [lambda: host["idle"]])
+    monkeypatch.setattr(background, "_IDLE_CHECK", [lambda: host["idle"]])
     model = wan.Model(n_blocks=2).eval()
     x, t = torch.randn(1, 6, 8), torch.rand(1)
     cm = engine.prepare(model, settings(background_compile=True))

@@ -108,28 +108,6 @@ def test_dir_store_publish_then_fetch(tmp_path):
     assert not f.fetch_into("fpX", CPU, tmp_path / "w4") and not (tmp_path / "w4").exists()
 
 
-def test_prewarm_manifest_is_shared_sealed(tmp_path):
-    f = fleet.Fleet(fleet_stores.DirStore(tmp_path / "shared"))
-    assert f.fetch_manifest() is None  # nothing published yet
-    manifest = {"modules": ["torch._inductor.compile_fx"], "files": ["/x.py"], "cpu": True}
-    assert f.publish_manifest(manifest)
-    assert f.fetch_manifest() == manifest
-    entry = next((tmp_path / "shared").glob("prewarm-*.tcs"))
-    entry.write_bytes(entry.read_bytes().replace(b"compile_fx", b"compile_fy"))
-    assert f.fetch_manifest() is None  # tampered: the SHA-256 no longer matches
-
-
-def test_prefetch_fills_the_local_cache_once(tmp_path):
-    from compile_core.cache.persist import PersistentCache
-    f = fleet.Fleet(fleet_stores.DirStore(tmp_path / "shared"))
-    fp = "ab" * 12
-    assert f.publish_from(fp, CPU, make_cache_dir(tmp_path / "w1"))
-    local = PersistentCache(tmp_path / "w2")
-    assert f.prefetch([fp, "cd" * 12], CPU, local) == [local.inductor_dir(fp)]  # cd..: a miss
-    assert (local.inductor_dir(fp) / "kernel.so").exists() and local.is_complete(fp)
-    assert f.prefetch([fp], CPU, local) == []  # already complete: not fetched again
-
-
 def test_size_limit(tmp_path):
     f = fleet.Fleet(fleet_stores.DirStore(tmp_path / "shared"), max_bytes=10)
     assert not f.publish_from("fpX", CPU, make_cache_dir(tmp_path / "w1"))
@@ -295,19 +273,6 @@ def test_redact_hides_the_userinfo_of_every_url():
                                     "d unix:///tmp/s")
 
 
-def test_prewarm_manifest_is_signed_and_verified(tmp_path, no_fleet_env, fresh_warnings):
-    manifest = {"modules": ["torch._inductor.compile_fx"], "files": ["/x.py"], "cpu": True}
-    w1 = keyed(tmp_path, "s3cret", no_fleet_env)
-    assert w1.publish_manifest(manifest)
-    assert keyed(tmp_path, "s3cret", no_fleet_env).fetch_manifest() == manifest
-    assert keyed(tmp_path, "other", no_fleet_env).fetch_manifest() is None
-    # an unsigned manifest (a writer without the key) is refused too
-    keyed(tmp_path, None, no_fleet_env).publish_manifest({"modules": ["os"], "files": []})
-    assert keyed(tmp_path, "s3cret", no_fleet_env).fetch_manifest() is None
-    warnings = fresh_warnings()
-    assert len(warnings) == 1 and KEY_ENV in warnings[0]
-
-
 def test_from_env_fleet_uses_the_key(tmp_path, no_fleet_env):
     no_fleet_env.setenv(fleet_stores.STORE_ENV, str(tmp_path / "shared"))
     no_fleet_env.setenv(KEY_ENV, "  s3cret\n")  # as read from a file: surrounding space ignored
@@ -407,8 +372,7 @@ def test_a_server_that_accepts_and_never_answers_costs_a_bounded_timeout(
     assert f is not None and isinstance(f.store, fleet_stores.RedisStore)
     calls = [lambda: f.fetch_into("fpS", CPU, tmp_path / "dst"),
              lambda: f.fetch_into("fpS2", CPU, tmp_path / "dst2"),
-             lambda: f.publish_from("fpS", CPU, make_cache_dir(tmp_path / "w1")),
-             f.fetch_manifest]
+             lambda: f.publish_from("fpS", CPU, make_cache_dir(tmp_path / "w1"))]
     for call in calls:
         start = time.perf_counter()
         result = call()

@@ -2,7 +2,8 @@
 every switch, a bad value keeps the default with one warning naming the variable."""
 import pytest
 
-from compile_core.cache import precompiled, prewarm
+from compile_core.cache import precompiled
+
 from compile_core.plan import switches
 
 
@@ -26,7 +27,7 @@ def test_a_bad_value_keeps_the_default_with_one_warning(monkeypatch, default, pa
     assert f"it stays {'on' if default else 'off'}" in warnings[0]
 
 
-@pytest.mark.parametrize("name, default", [(prewarm.ENV, True), (precompiled.OFF_ENV, True)])
+@pytest.mark.parametrize("name, default", [(precompiled.OFF_ENV, True)])
 def test_the_packs_switches_share_the_parser(monkeypatch, name, default, pack_log):
     monkeypatch.setenv(name, "maybe")
     assert switches.switch(name, default) is default

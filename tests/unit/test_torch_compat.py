@@ -35,7 +35,7 @@ _ALL = {"compile": True, "isolate_recompiles": True, "recompile_limit_kwarg": Tr
         "aot_compile": True, "aot_compile_needs_enable_aot_compile": False,
         "load_compiled_function": True, "backed_size_oblivious_safe": True,
         "nested_compile_region": True, "cache_artifacts": True, "opaque_weight_fetch": True,
-        "guard_check": True, "compiles_after_a_thread_ends": True}
+        "guard_check": True}
 _OLD = {**_ALL, "isolate_recompiles": False, "recompile_limit_kwarg": False, "opaque_weight_fetch": False,
         "guard_check": False,
         "aot_compile_needs_enable_aot_compile": True, "load_compiled_function": False,
@@ -44,8 +44,7 @@ _OLD = {**_ALL, "isolate_recompiles": False, "recompile_limit_kwarg": False, "op
 MEASURED = {(2, 8): {**_OLD, "aot_compile": False, "aot_compile_needs_enable_aot_compile": False},
             (2, 9): _OLD, (2, 13): _ALL, (2, 14): _ALL,
             (2, 11): {**_ALL, "isolate_recompiles": False, "recompile_limit_kwarg": False,
-                      "aot_compile_needs_enable_aot_compile": True, "opaque_weight_fetch": False,
-                      "compiles_after_a_thread_ends": False}}  # (2.11.0: see compile_threads)
+                      "aot_compile_needs_enable_aot_compile": True, "opaque_weight_fetch": False}}
 
 
 def test_this_torch_is_supported():

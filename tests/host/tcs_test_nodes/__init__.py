@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import signal
 
 import torch
 
@@ -38,13 +39,8 @@ WAN_REQUIRED_KEYS = ("dynamo_cache_size_limit", "force_parameter_static_shapes",
 
 
 def _plain_counters():
-    """``torch._dynamo.utils.counters`` as a nested plain dict of ints (str keys), once the pack's
-    start-up warm-up is done (its feature probes compile tiny functions and put the counters
-    back after each: a snapshot taken meanwhile could count their graphs)."""
+    """``torch._dynamo.utils.counters`` as a nested plain dict of ints (str keys)."""
     from torch._dynamo.utils import counters
-    prewarm = _pack_module("prewarm", "compile_core.cache")
-    if prewarm is not None:
-        prewarm.wait(finish=True)
     return {str(k): {str(kk): int(vv) for kk, vv in v.items()} for k, v in counters.items()}
 
 
@@ -92,7 +88,10 @@ class TCSTestProbe:
             report.update(_model_report(model))
         server = _pack_module("comfy_server", "nodes")
         if server is not None:  # what the pack's bridge tells a background compile of this server
-            report["server"] = {"idle": server.server_idle(), "prompts_started": server.prompts_started()}
+            report["server"] = {"idle": server.server_idle()}
+        report["process"] = _process_report()
+        if _WATCH:
+            report["watch"] = _WATCH[0].report()
         return {"ui": {"probe": [report]}}
 
 
@@ -751,13 +750,13 @@ if SLOW_BACKEND not in __import__("torch._dynamo.backends.registry", fromlist=["
     torch._dynamo.register_backend(name=SLOW_BACKEND)(_tcs_test_slow_backend)
 
 PAUSABLE_BACKEND = "tcs_test_pausable_backend"
-PAUSABLE_WORK = 300  # torch.fx interpretations of 10 ms each: 3 s of compile work when not paused
+PAUSABLE_WORK = 300  # torch.fx interpretations of 10 ms each: 3 s of compile work
 
 
 def _tcs_test_pausable_backend(gm, example_inputs):
-    """TEST-ONLY backend: 3 s of work made of torch.fx interpretations (each node one of the
-    pack's pause points, as in a real compile's Python phases), then compiles like ``aot_eager``.
-    A background compile that pauses for a prompt takes that much longer."""
+    """TEST-ONLY backend: 3 s of work made of torch.fx interpretations (as in a real compile's
+    Python phases), then compiles like ``aot_eager``: a compile long enough for a prompt to
+    come while it runs."""
     import time
     from torch._dynamo.backends.registry import lookup_backend
     graph = torch.fx.symbolic_trace(lambda x: (x + 1) * 2)
@@ -831,16 +830,92 @@ class TCSTestWaitForBackground:
 NODE_CLASS_MAPPINGS[TCSTestWaitForBackground.__name__] = TCSTestWaitForBackground
 
 
-async def _stuck_probes(_app):
-    """TEST-ONLY (``TCS_TEST_STUCK_PROBES=1``): the pack's start-up feature probes never end (a
-    FAKE of probes stuck behind a compile on another thread) and a prompt waits 1 s for them
-    instead of 20, so a host test sees what prompts do then. Runs first among the start-up
-    handlers, before the pack's warm-up starts."""
+def _process_report() -> dict:
+    """What the server process holds at this point: objects frozen out of the garbage
+    collector's reach, its threads, and the modules of the on-prompt handlers ComfyUI calls."""
+    import gc
     import threading
-    _pack_module("torch_compat", "compile_core.torch_support").features = lambda: threading.Event().wait()
-    _pack_module("comfy_prewarm", "nodes")._probe_wait[0] = 1.0
-
-
-if os.environ.get("TCS_TEST_STUCK_PROBES") == "1":
     from server import PromptServer
-    PromptServer.instance.app.on_startup.insert(0, _stuck_probes)
+    handlers = getattr(PromptServer.instance, "on_prompt_handlers", [])
+    return {"gc_frozen": gc.get_freeze_count(), "threads": sorted(t.name for t in threading.enumerate()),
+            "on_prompt_handlers": [getattr(h, "__module__", "?") for h in handlers]}
+
+
+JOB_CONTROL = (signal.SIGSTOP, signal.SIGCONT, signal.SIGTSTP) if hasattr(signal, "SIGSTOP") else ()
+# functions and methods of torch a pack could replace to pause a compile (module, class, name)
+WATCHED = (("torch._dynamo.symbolic_convert", "InstructionTranslatorBase", "step"),
+           ("torch._dynamo.convert_frame", None, "compile_lock"),
+           ("torch._guards", "Guard", "create"),
+           ("torch._subclasses.fake_tensor", "FakeTensorMode", "dispatch"),
+           ("torch.fx.experimental.symbolic_shapes", "ShapeEnv", "evaluate_expr"),
+           ("torch._inductor.graph", "GraphLowering", "run_node"),
+           ("torch.fx.interpreter", "Interpreter", "run_node"),
+           ("torch._inductor.scheduler", "Scheduler", "can_fuse"))
+
+
+class _ProcessWatch:
+    """TEST-ONLY (``TCS_TEST_WATCH=1``): watches the server process from its start, and only
+    looks: job-control signals sent (an audit hook), torch functions replaced, the interpreter's
+    switch interval, and threads or child processes given a lower priority (sampled)."""
+
+    def __init__(self):
+        import importlib
+        import sys
+        import threading
+        self.signals, self.replaced, self.intervals, self.niced, self.samples = [], set(), set(), set(), 0
+        self.interval = sys.getswitchinterval()
+        self.targets = []
+        for module, cls, name in WATCHED:
+            try:
+                owner = importlib.import_module(module)
+                owner = getattr(owner, cls) if cls else owner
+                self.targets.append((owner, name, getattr(owner, name)))
+            except (ImportError, AttributeError):
+                continue
+        sys.addaudithook(self._audit)
+        threading.Thread(target=self._loop, name="tcs-test-watch", daemon=True).start()
+
+    def _audit(self, event, args):
+        if event in ("os.kill", "os.killpg", "signal.pthread_kill") and len(args) > 1 and args[1] in JOB_CONTROL:
+            self.signals.append([event, int(args[0]), int(args[1])])
+
+    def _loop(self):
+        import sys
+        import time
+        import psutil
+        me = psutil.Process()
+        while True:
+            self.samples += 1
+            self.intervals.add(sys.getswitchinterval())
+            for owner, name, original in self.targets:
+                if getattr(owner, name, None) is not original:
+                    self.replaced.add(f"{getattr(owner, '__name__', owner)}.{name}")
+            if self.samples % 10 == 0:
+                self._sample_priorities(me, psutil)
+            time.sleep(0.005)
+
+    def _sample_priorities(self, me, psutil):
+        try:
+            procs = [me] + me.children(recursive=True)
+        except psutil.Error:
+            return
+        for proc in procs:
+            try:
+                if proc.nice() > 0 or os.sched_getscheduler(proc.pid) != os.SCHED_OTHER:
+                    self.niced.add(" ".join(proc.cmdline()[:2]) or str(proc.pid))
+            except (psutil.Error, OSError):
+                continue
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                if os.getpriority(os.PRIO_PROCESS, int(tid)) > 0:
+                    self.niced.add(f"thread {tid}")
+            except OSError:
+                continue
+
+    def report(self) -> dict:
+        return {"samples": self.samples, "job_control_signals": list(self.signals),
+                "replaced": sorted(self.replaced), "switch_interval_at_start": self.interval,
+                "switch_intervals": sorted(self.intervals), "niced": sorted(self.niced)}
+
+
+_WATCH = [_ProcessWatch()] if os.environ.get("TCS_TEST_WATCH") == "1" else []
