@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from ..torch_support import longpaths
+from ..torch_support import inductor_names, longpaths
 from ..plan.preflight import compiler_banner
 
 KEY_ENV = "TORCH_COMPILE_SPEED_SHARED_KEY"  # operator secret: sign and verify entries (HMAC)
@@ -49,8 +49,7 @@ def _cpu_identity() -> str:
     except OSError:
         flags = platform.processor()
     try:
-        from torch._inductor import cpp_builder
-        version = compiler_banner(cpp_builder.get_cpp_compiler()) or "no-cxx"
+        version = compiler_banner(inductor_names.cpp_compiler()) or "no-cxx"
     except Exception:  # noqa: BLE001 - no compiler: the key still differs from one that has it
         version = "no-cxx"
     march = os.environ.get("TORCHINDUCTOR_CPP_MARCH", "native")

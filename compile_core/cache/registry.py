@@ -1,8 +1,10 @@
 """The reuse cache: compiled callables by fingerprint, bounded, and holding no model.
 
-A ``CompiledEntry`` owns one ``torch.compile`` object. Its callable is not bound to any
-module (it compiles ``nn.Module._call_impl`` and is attached per call), so the registry
-never keeps a model alive, and every model with the same fingerprint shares its graphs.
+A ``CompiledEntry`` owns one ``torch.compile`` object, built at its first use (building one
+for inductor imports inductor's compiler, 0.7-0.9 s on a 2-core CPU: a background compile
+pays it on its worker, not in the prompt). Its callable is not bound to any module (it
+compiles ``nn.Module._call_impl`` and is attached per call), so the registry never keeps a
+model alive, and every model with the same fingerprint shares its graphs.
 """
 from __future__ import annotations
 
@@ -18,10 +20,13 @@ DEFAULT_MAX_ENTRIES = 16
 DEFAULT_BUDGET = (CompileSettings.cache_size_limit, CompileSettings.recompile_limit)
 
 
+_BUILD_LOCK = threading.Lock()
+
+
 @dataclasses.dataclass
 class CompiledEntry:
     fingerprint: str
-    compiled: Callable
+    make: Callable[[], Callable] | None  # builds the ``torch.compile`` object (``compiled``)
     failed: str = ""           # reason compile was abandoned (then the model runs eagerly)
     runs: int = 0              # compiled apply_model calls
     graph_breaks: int = 0      # dynamo graph breaks its compiles met (``beside``)
@@ -36,6 +41,16 @@ class CompiledEntry:
     fleet_hit: bool = False
     measurement: dict = dataclasses.field(default_factory=dict)  # last Diagnostics speedup
     precompiled: object = None  # precompiled.Precompiled: the dynamo-level warm start, if any
+    _compiled: Callable | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def compiled(self) -> Callable | None:
+        """The ``torch.compile`` object, built by ``make`` at the first use."""
+        if self._compiled is None and self.make is not None:
+            with _BUILD_LOCK:
+                if self._compiled is None:
+                    self._compiled = self.make()
+        return self._compiled
 
 
 class ReuseRegistry:
@@ -45,14 +60,15 @@ class ReuseRegistry:
         self._lock = threading.Lock()
 
     def get_or_create(self, fingerprint: str, factory: Callable[[], Callable],
-                      budget: tuple = DEFAULT_BUDGET) -> tuple[CompiledEntry, bool]:
+                      budget: tuple = DEFAULT_BUDGET, lazy: bool = False) -> tuple[CompiledEntry, bool]:
         """Return (entry, reused). ``budget``: the compile object's recompile limits, which the
         fingerprint leaves out (the persistent cache serves any limits) but which decide how
         many graphs it compiles, so an Apply with other limits gets an entry of its own.
         New entries evict the least recently used past the bound.
         A failed entry is replaced by a new one: a compile failure may be transient (e.g. out of
         memory while autotuning), so each new request retries once; a model already holding
-        the failed entry keeps running eagerly (no retry per step)."""
+        the failed entry keeps running eagerly (no retry per step). ``lazy``: the compile object
+        is built at its first use; else here, and a factory that raises leaves no entry."""
         key = (fingerprint, budget)
         with self._lock:
             entry = self._entries.get(key)
@@ -60,7 +76,8 @@ class ReuseRegistry:
                 self._entries.move_to_end(key)
                 entry.reuses += 1
                 return entry, True
-            entry = CompiledEntry(fingerprint, factory())
+            entry = CompiledEntry(fingerprint, factory)
+            entry._compiled = None if lazy else factory()
             self._entries[key] = entry
             self._entries.move_to_end(key)  # it may replace a failed one
             while len(self._entries) > self.max_entries:

@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 
 from .guard_names import describe, parse, parse_local, resolve, walk
+from ..torch_support import aot
 
 
 @dataclasses.dataclass
@@ -185,13 +186,6 @@ def _identity(value: object) -> object:
     return value.__code__ if type(value) is types.FunctionType else value
 
 
-def _unsaved_kinds() -> tuple[str, ...]:
-    """The guard kinds torch cannot save (torch's own list); empty on a torch without the list
-    (2.8: no ``UNSUPPORTED_SERIALIZATION_GUARD_TYPES``, and no saved regions there either)."""
-    from torch._dynamo.guards import CheckFunctionManager
-    return tuple(sorted(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())))
-
-
 def keep_guard(dropped: set[str], local_fns: set[str], unchecked: set[str]) -> Callable:
     """torch's guard filter for the AOT trace: which guards to save. Globals go to ``dropped``
     (replaced by ``GlobalChecks``); the code guard of a function passed in the call's own
@@ -200,7 +194,7 @@ def keep_guard(dropped: set[str], local_fns: set[str], unchecked: set[str]) -> C
     reach a class through ``type()``, are covered by the region key; any other guard torch
     cannot save, or a class value that is not a constant, goes to ``unchecked``: nothing would
     replace it, so such a region never takes the fast path."""
-    unsaved = set(_unsaved_kinds())
+    unsaved = set(aot.unsaved_guard_kinds())
 
     def nested_type(g) -> bool:
         if g.guard_type not in ("TYPE_MATCH", "BUILTIN_MATCH") or not g.has_value:

@@ -17,10 +17,10 @@ from torch import nn
 
 from ..report import log
 from . import source_check
-from ..torch_support import aot, hooks
+from ..torch_support import aot, hooks, inductor_names
 from .persist import write_atomic
 from .guard_names import bind_subclasses, subclass_globals
-from .guard_pickling import ValuePickler
+from ..torch_support.guard_pickling import ValuePickler
 from .saved_guards import GlobalChecks, LocalChecks, NotSaveable, guard_checker, keep_guard
 
 
@@ -78,8 +78,7 @@ def mode_options(mode: str | None, dynamic: bool | None) -> dict:
     options, never both, and the trace needs options (the guard filter)."""
     if not mode or mode == "default":
         return {}
-    from torch._inductor import list_mode_options
-    return dict(list_mode_options(mode, dynamic))
+    return inductor_names.mode_options(mode, dynamic)
 
 
 def capture(module: nn.Module, args: tuple, kwargs: dict, compile_kwargs: dict) -> _Region:

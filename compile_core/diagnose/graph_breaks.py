@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ..torch_support import scoped, torch_compat
+from ..torch_support import dynamo_records, scoped, torch_compat
 
 
 @dataclasses.dataclass
@@ -161,11 +161,8 @@ UNLOCATED = "(location not recorded: nothing was traced before this break in its
 
 
 def _break_counts() -> dict[str, int]:
-    """Dynamo's graph-break counts by reason, read from a copy: ``dict()`` copies the counter
-    without letting another thread run, while a background compile's trace may add a reason
-    between two steps of a loop over the counter itself."""
-    from torch._dynamo.utils import counters
-    return {str(k): int(v) for k, v in dict(counters["graph_break"]).items()}
+    """Dynamo's graph-break counts by reason (``dynamo_records.graph_breaks_by_reason``)."""
+    return dynamo_records.graph_breaks_by_reason()
 
 
 @contextlib.contextmanager

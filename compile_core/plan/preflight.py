@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from ..torch_support import aot, torch_compat
+from ..torch_support import aot, inductor_names, torch_compat
 from ..torch_support.longpaths import on_windows
 from .settings import CompileSettings
 
@@ -63,8 +63,7 @@ def cpp_compiler_problem() -> str:
 @functools.lru_cache(maxsize=8)
 def _cpp_compiler_problem(_cxx, _cc, _search, _path, _platform) -> str:
     try:
-        from torch._inductor import cpp_builder
-        compiler = cpp_builder.get_cpp_compiler()
+        compiler = inductor_names.cpp_compiler()
     except subprocess.CalledProcessError as exc:  # torch 2.9 on Windows runs ``cl /help`` here
         cmd = exc.cmd[0] if isinstance(exc.cmd, (list, tuple)) and exc.cmd else exc.cmd
         return f"C++ compiler {cmd!r} fails (exit {exc.returncode})"
@@ -84,14 +83,8 @@ def _gnu_problem(compiler: str) -> str:
 
 
 def _msvc_problem(compiler: str) -> str:
-    """MSVC's ``cl`` has no ``--version``: probe it as torch does (``_is_msvc_cl``: ``/help``,
-    the banner on the first line); clang-cl and icx-cl answer ``/help`` with exit 0."""
-    try:
-        from torch._inductor.cpp_builder import _is_msvc_cl
-        if _is_msvc_cl(compiler):
-            return ""
-    except Exception:  # noqa: BLE001 - a private torch function: probe it ourselves below
-        pass
+    """MSVC's ``cl`` has no ``--version``: probe it as torch does (``/help``, the banner on the
+    first line); clang-cl and icx-cl answer ``/help`` with exit 0."""
     try:
         proc = subprocess.run([compiler, "/help"], capture_output=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import torch
 
 from .shapes import POLICIES, torch_dynamic
+from ..torch_support import inductor_names
 
 # WanVideoWrapper's own settings node emits exactly these keys, in this order.
 WAN_KEYS = (
@@ -56,8 +57,7 @@ class CompileArgsError(ValueError):
 def torch_modes() -> tuple[str, ...]:
     """Mode strings this torch's ``torch.compile(mode=)`` accepts."""
     try:
-        from torch._inductor import list_mode_options
-        modes = set(list_mode_options())
+        modes = set(inductor_names.mode_options())
     except Exception:  # very old or stripped torch
         modes = {"reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
     modes.add("default")
@@ -68,7 +68,7 @@ def backend_choices() -> list[str]:
     """``inductor`` and ``cudagraphs`` first (the original order), then every other registered backend."""
     first = ["inductor", "cudagraphs"]
     try:
-        others = torch._dynamo.list_backends(exclude_tags=())
+        others = torch.compiler.list_backends(exclude_tags=())
     except Exception:
         others = []
     return first + sorted(b for b in others if b not in first and not b.endswith("_TESTING_ONLY"))

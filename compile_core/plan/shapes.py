@@ -253,7 +253,7 @@ def mark(marks: list[list[tuple[torch.Tensor, int]]]) -> None:
     every block receives is marked once per model call (the mark stays on the tensor)."""
     for own in marks:
         for t, d in own:
-            torch._dynamo.maybe_mark_dynamic(t, d)
+            torch_compat.maybe_mark_dynamic(t, d)
         own.clear()
 
 

@@ -112,7 +112,8 @@ class Background:
         them takes a fraction of a second)."""
         fast = self.state.precompiled()
         yields = device.type == "cpu" and not (fast and fast.saved([c.module for c in captured], device))
-        hooks.warm_fx_tracers()  # here, before the worker starts: see ``hooks``
+        if not yields:  # here, before the worker starts (see ``hooks``); a job that waits for
+            hooks.warm_fx_tracers()  # an idle server does it there, with no step beside it
         self.captured = (captured, self.worker_context)
         ref = weakref.ref(self)
         self.job = background.submit(functools.partial(_queued_compile, ref, device),
@@ -145,6 +146,7 @@ class Background:
         """On the worker: compile each captured region by calling it, compiled, on its inputs
         (the same scope, shapes, saved regions and caches as a foreground compile), inside
         ``context()``. Returns the number of graphs it compiled, traced or loaded."""
+        hooks.warm_fx_tracers()  # (once a process: a no-op unless the job waited for an idle server)
         s = self.state
         scope, _ = s.scope(device.type == "cuda")
         p = compile_pass.begin(s, [c.module for c in captured], device)

@@ -9,7 +9,7 @@ from torch import nn
 from . import background
 from ..plan.settings import CompileSettings
 from ..report import log
-from ..torch_support import scoped, torch_compat
+from ..torch_support import inductor_names, scoped, torch_compat
 
 
 def make_compiled_call(settings: CompileSettings) -> Callable:
@@ -34,26 +34,7 @@ def make_compiled_call(settings: CompileSettings) -> Callable:
         return torch.compile(nn.Module._call_impl, **kwargs)
 
 
-class OwnBackend:
-    """The backend ``torch.compile`` would build, equal only to itself. Dynamo reuses a cache
-    entry of the same code made by an *equal* backend; without ``isolate_recompiles`` (torch
-    2.8-2.10) this is how reuse_if_similar off still compiles afresh (it shares the budget)."""
-
-    def __init__(self, backend: str, mode: str | None, dynamic: bool | None):
-        with background.env_lock(), scoped.scoped_state():  # inductor's wrapper sets TORCHINDUCTOR_CACHE_DIR (2.8)
-            if backend == "inductor":
-                self.inner = torch._TorchCompileInductorWrapper(mode, None, dynamic)
-            else:
-                self.inner = torch._TorchCompileWrapper(backend, mode, None, dynamic)
-        self.__name__ = backend
-
-    def __call__(self, gm, example_inputs):
-        return self.inner(gm, example_inputs)
-
-    def __getattr__(self, name):  # get_compiler_config, reset, ... of the inner backend
-        return getattr(self.__dict__["inner"], name)
-
-
 def _own_backend(kwargs: dict) -> dict:
-    own = OwnBackend(kwargs["backend"], kwargs.get("mode"), kwargs.get("dynamic"))
+    with background.env_lock(), scoped.scoped_state():  # inductor's wrapper sets TORCHINDUCTOR_CACHE_DIR (2.8)
+        own = inductor_names.OwnBackend(kwargs["backend"], kwargs.get("mode"), kwargs.get("dynamic"))
     return {**{k: v for k, v in kwargs.items() if k != "mode"}, "backend": own}

@@ -143,14 +143,18 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     plan = plan or plan_regions(diffusion_model, settings.blocks_only)
     fp = fingerprint(diffusion_model, plan, settings)
     factory = functools.partial(make_compiled_call, settings)
+    # a background inductor compile builds its compile object on the worker (``registry``);
+    # any other is built here: a backend that cannot be set up fails before any model call
+    lazy = settings.background_compile and settings.backend == "inductor"
     unsupported = torch_compat.unsupported()
     if unsupported:
         log.warn_once("torch-unsupported", "%s", unsupported)
         entry, reused = CompiledEntry(fp, None, failed=unsupported), False
     elif settings.reuse_if_similar:
-        entry, reused = registry.get_or_create(fp, factory, (settings.cache_size_limit, settings.recompile_limit))
+        entry, reused = registry.get_or_create(fp, factory, (settings.cache_size_limit, settings.recompile_limit), lazy)
     else:
-        entry, reused = CompiledEntry(fp, factory()), False
+        entry, reused = CompiledEntry(fp, factory), False
+        entry._compiled = None if lazy else factory()
     description = plan.describe(diffusion_model)
     log.info("%s [%s, mode=%s, fingerprint %s]", _prepared(entry, reused, description),
              settings.backend, settings.mode, fp[:12])

@@ -20,13 +20,7 @@ def is_compile_failure(exc: BaseException) -> bool:
 
 
 def _compiler_exception(exc: BaseException) -> bool:
-    """An exception class of dynamo or of another compiler module."""
-    try:
-        from torch._dynamo.exc import TorchDynamoException
-        if isinstance(exc, TorchDynamoException):
-            return True
-    except ImportError:
-        pass
+    """An exception class of dynamo (``torch._dynamo.exc``) or of another compiler module."""
     return any(cls.__module__.startswith(_COMPILER_MODULES) for cls in type(exc).__mro__)
 
 

@@ -72,3 +72,10 @@ def cache_artifacts() -> bool:
         saved = torch.compiler.save_cache_artifacts()
         return saved is None or (isinstance(saved, tuple) and len(saved) == 2)
     return _probe(run) and hasattr(torch.compiler, "load_cache_artifacts")
+
+
+def unsaved_guard_kinds() -> tuple[str, ...]:
+    """The guard kinds torch cannot save (torch's own list); empty on a torch without the list
+    (2.8: no ``UNSUPPORTED_SERIALIZATION_GUARD_TYPES``, and no saved regions there either)."""
+    from torch._dynamo.guards import CheckFunctionManager
+    return tuple(sorted(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())))

@@ -26,3 +26,11 @@ def graph_break_count() -> int:
     """Graph breaks dynamo has met in this process (its ``graph_break`` counters)."""
     from torch._dynamo.utils import counters
     return int(sum(counters["graph_break"].values()))
+
+
+def graph_breaks_by_reason() -> dict[str, int]:
+    """Dynamo's graph-break counts by reason, read from a copy: ``dict()`` copies the counter
+    without letting another thread run, while a background compile's trace may add a reason
+    between two steps of a loop over the counter itself."""
+    from torch._dynamo.utils import counters
+    return {str(k): int(v) for k, v in dict(counters["graph_break"]).items()}

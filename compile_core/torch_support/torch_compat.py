@@ -204,6 +204,11 @@ def auto_fx_knobs() -> dict[str, object]:
     return knobs
 
 
+def maybe_mark_dynamic(t: torch.Tensor, dim: int) -> None:
+    """Dynamo's hint that ``t``'s size ``dim`` varies (``torch._dynamo.maybe_mark_dynamic``)."""
+    torch._dynamo.maybe_mark_dynamic(t, dim)
+
+
 # ------------------------------------------------------------------------------ summary
 
 FEATURES: dict[str, Callable[[], object]] = {

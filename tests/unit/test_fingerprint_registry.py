@@ -147,14 +147,15 @@ def test_get_or_create_builds_once_then_reuses():
         built.append(1)
         return lambda: "compiled"
 
-    e1, reused1 = reg.get_or_create("a", factory)
-    e2, reused2 = reg.get_or_create("a", factory)
-    e3, reused3 = reg.get_or_create("a", factory)
+    e1, reused1 = reg.get_or_create("a", factory, lazy=True)
+    e2, reused2 = reg.get_or_create("a", factory, lazy=True)
+    e3, reused3 = reg.get_or_create("a", factory, lazy=True)
     assert (reused1, reused2, reused3) == (False, True, True)
     assert e1 is e2 is e3
+    assert built == []  # built at the first use (a background compile builds it on its worker)
+    assert e1.fingerprint == "a" and e1.compiled() == "compiled" and e2.compiled() == "compiled"
     assert len(built) == 1
     assert e1.reuses == 2
-    assert e1.fingerprint == "a" and e1.compiled() == "compiled"
     assert "a" in reg and len(reg) == 1
 
 

@@ -22,7 +22,8 @@ from torch import nn
 
 import tcs_precompiled_model as tiny
 from compile_core.run import engine
-from compile_core.cache import guard_names, guard_pickling, precompiled, saved_guards, saved_region
+from compile_core.cache import guard_names, precompiled, saved_guards, saved_region
+from compile_core.torch_support import guard_pickling
 from compile_core.torch_support import aot, torch_compat
 from compile_core.cache.persist import PersistentCache
 from compile_core.plan.settings import CompileSettings, build_compile_args
@@ -632,7 +633,7 @@ def test_a_custom_node_module_named_by_its_path_resolves(monkeypatch):
 
 def _unsaved_kinds():
     # torch's own list; empty where torch has none (2.8: the module is skipped there anyway)
-    return list(saved_guards._unsaved_kinds())
+    return list(aot.unsaved_guard_kinds())
 
 
 @pytest.mark.parametrize("kind", _unsaved_kinds())

@@ -14,6 +14,7 @@ import torch
 import torch._dynamo.config as dynamo_config
 
 from compile_core.run import compiled_call, engine
+from compile_core.torch_support import inductor_names
 from compile_core.cache import precompiled
 from compile_core.plan import knobs, preflight, shapes
 from compile_core.torch_support import aot, guards, probing, scoped, torch_compat as tc, weight_fetch
@@ -269,9 +270,9 @@ def test_own_backend_only_for_reuse_off_without_isolation_simulated(monkeypatch)
     compiled_call.make_compiled_call(settings(backend="inductor", mode="max-autotune-no-cudagraphs",
                                        reuse_if_similar=False))
     own = seen["backend"]
-    assert isinstance(own, compiled_call.OwnBackend) and "mode" not in seen
+    assert isinstance(own, inductor_names.OwnBackend) and "mode" not in seen
     assert own.inner.config.get("max_autotune") is True  # the mode lives in the inner backend
-    assert own != compiled_call.OwnBackend("inductor", "max-autotune-no-cudagraphs", seen["dynamic"])
+    assert own != inductor_names.OwnBackend("inductor", "max-autotune-no-cudagraphs", seen["dynamic"])
 
 
 def test_a_probe_on_another_thread_keeps_a_concurrent_compiles_counts():
