@@ -19,7 +19,9 @@ _TIPS = {
     "dynamic": "Symbolic shapes for consumers of this dict such as WanVideoWrapper (mode 'speed' "
                "turns this on). Apply Torch Compile follows shape_policy instead.",
     "dynamo_cache_size_limit": "Recompiles allowed per compiled function before torch silently runs "
-                               "that code eagerly (torch._dynamo recompile_limit), only during the run.",
+                               "that code eagerly (torch._dynamo recompile_limit), only during the run. "
+                               "0 (accepted, as the original pack did): torch compiles nothing, so "
+                               "Apply Torch Compile runs the model eagerly and says so once.",
     "compile_transformer_blocks_only": "Regional compile: compile each repeated transformer block "
                                        "(identical blocks share one graph, so compile time does not "
                                        "grow with depth). Off = compile the whole diffusion model.",
@@ -36,7 +38,8 @@ _TIPS = {
                      "folder in ComfyUI's user directory (user/torch_compile_speed); paths outside the "
                      "allowed roots are refused. Empty = user/torch_compile_speed/triton.",
     "dynamo_recompile_limit": "Total recompiles allowed across all compiled code "
-                              "(torch._dynamo accumulated_recompile_limit), only during the run.",
+                              "(torch._dynamo accumulated_recompile_limit), only during the run. 0: "
+                              "torch compiles nothing, so the model runs eagerly (said once).",
     "force_parameter_static_shapes": "Treat parameter shapes as static (torch default True). "
                                      "Passed to WanVideoWrapper as-is; applied only during the run.",
     "allow_unmerged_lora_compile": "WanVideoWrapper: allow compile with unmerged LoRAs. Native ComfyUI "
@@ -78,7 +81,7 @@ class TorchCompileSpeedSettings:
             "fullgraph": ("BOOLEAN", {"default": False}),
             "mode": (list(UI_MODES), {"default": "speed"}),
             "dynamic": ("BOOLEAN", {"default": False}),
-            "dynamo_cache_size_limit": ("INT", {"default": 64, "min": 1, "max": 1024, "step": 1}),
+            "dynamo_cache_size_limit": ("INT", {"default": 64, "min": 0, "max": 1024, "step": 1}),
             "compile_transformer_blocks_only": ("BOOLEAN", {"default": True}),
             "reuse_if_similar": ("BOOLEAN", {"default": True}),
             "experimental_ptx": ("BOOLEAN", {"default": False}),
@@ -87,7 +90,7 @@ class TorchCompileSpeedSettings:
         }
         optional = {
             "ptx_cache_dir": ("STRING", {"default": ""}),
-            "dynamo_recompile_limit": ("INT", {"default": 128, "min": 1, "max": 1024, "step": 1}),
+            "dynamo_recompile_limit": ("INT", {"default": 128, "min": 0, "max": 1024, "step": 1}),
             "force_parameter_static_shapes": ("BOOLEAN", {"default": False}),
             "allow_unmerged_lora_compile": ("BOOLEAN", {"default": False}),
             "shape_policy": (list(POLICIES), {"default": "auto"}),

@@ -55,8 +55,14 @@ def main() -> int:
         print("restarting ComfyUI on the same directory ...", flush=True)
         with ComfyHost(base, models=[model]) as host:
             timed(host, wan_t2v_prompt(name, apply=False, steps=args.steps, prefix="reload"))
+            since = host.log_offset()
             restart, _ = timed(host, wan_t2v_prompt(name, compile_settings=settings, steps=args.steps,
                                                     prefix="restart"))
+            # its saved regions load on the background worker meanwhile (a second or two in a
+            # fresh process): the model call after that takes them
+            host.wait_for_pack_line(BACKGROUND_DONE, since=since, timeout=300)
+            restarted, _ = timed(host, wan_t2v_prompt(name, compile_settings=settings,
+                                                      steps=args.steps, prefix="restarted"))
             log = host.log_text()  # the log file is appended to, so it holds both servers
     ref = eager[-1][1]
     err = max(((c[1] - ref).norm() / ref.norm()).item() for c in compiled)
@@ -72,7 +78,8 @@ def main() -> int:
     print(f"{'  its compile, in the background afterwards':<44}{background_seconds(log):>9.2f}")
     print(f"{'Apply Torch Compile, steady':<44}{c_steady:>9.3f}")
     print(f"{'compiled, new size 160x96x9 (no recompile)':<44}{new_size:>9.2f}")
-    print(f"{'compiled, first run after a server restart':<44}{restart:>9.2f}")
+    print(f"{'first run after a server restart (loading)':<44}{restart:>9.2f}")
+    print(f"{'compiled, once the restart loaded them':<44}{restarted:>9.3f}")
     print(f"steady compiled/eager: {c_steady / e_steady:.2f}x   "
           f"max relative L2 vs eager: {err:.1e}")
     for line in log.splitlines():
@@ -89,7 +96,8 @@ def main() -> int:
 
         timings = {"eager_first_s": eager[0][0], "eager_steady_s": e_steady, "cold_s": compiled[0][0],
                    "background_compile_s": background_seconds(log),
-                   "compiled_steady_s": c_steady, "new_size_s": new_size, "restart_s": restart}
+                   "compiled_steady_s": c_steady, "new_size_s": new_size, "restart_s": restart,
+                   "restarted_s": restarted}
         result = {"torch": torch.__version__, "host": HOST_VERSION, "ok": status == 0,
                   "problems": problems(log, err, saved), "rel_l2": err,
                   "saved_regions_available": saved,

@@ -52,6 +52,10 @@ class CompiledEntry:
                     self._compiled = self.make()
         return self._compiled
 
+    @compiled.setter
+    def compiled(self, fn: Callable | None) -> None:
+        self._compiled = fn
+
 
 class ReuseRegistry:
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES):

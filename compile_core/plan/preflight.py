@@ -149,9 +149,24 @@ def triton_problem(device: torch.device | None = None) -> str:
     return ""
 
 
+def limit_zero(settings: CompileSettings) -> str:
+    """The message when a limit of 0 (accepted, as the original pack and WanVideoWrapper accept
+    it) turns compile off: at 0 torch's dynamo compiles nothing and runs every frame eagerly."""
+    zero = [k for k, v in (("dynamo_cache_size_limit", settings.cache_size_limit),
+                           ("dynamo_recompile_limit", settings.recompile_limit)) if v == 0]
+    if not zero:
+        return ""
+    return (f"{' and '.join(zero)} is 0, and at 0 torch compiles nothing, so the model runs "
+            "eagerly; set it to 1 or more to compile.")
+
+
 def preflight(settings: CompileSettings, device: torch.device,
               param_dtypes: set[torch.dtype]) -> tuple[CompileSettings | None, list[Finding]]:
     findings: list[Finding] = []
+    off = limit_zero(settings)
+    if off:
+        findings.append(Finding("limit-zero", off))
+        return None, findings
     if settings.backend != "inductor":
         return settings, findings
     if device.type == "cpu":

@@ -43,7 +43,7 @@ SPEED_PRESET = {"backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dy
 # (docs/performance.md), so the user's wait buys nothing; WanVideoWrapper still receives the
 # dict's SPEED_PRESET mode unchanged.
 SPEED_PRESET_APPLY_MODE = "default"
-LIMIT_RANGE = (1, 1024)  # 0 would let nothing compile (dynamo runs every frame eagerly)
+LIMIT_RANGE = (0, 1024)  # as the original pack; 0: torch compiles nothing (preflight.limit_zero)
 # background_compile when a dict (or an old workflow's node) does not say: on, so the first run
 # never waits for a compile (benchmarks/results/background_cpu.md)
 BACKGROUND_DEFAULT = True

@@ -69,7 +69,7 @@ MALFORMED = [
     ("mode-speed-typo", broken(mode="Speed"), ["'mode'", "Speed"]),
     ("backend-unknown", broken(backend="nope"), ["'backend'", "nope", "inductor"]),
     ("policy-unknown", broken(shape_policy="wild"), ["'shape_policy'", "auto"]),
-    ("cache-negative", broken(dynamo_cache_size_limit=-1), ["'dynamo_cache_size_limit'", "between 1 and 1024"]),
+    ("cache-negative", broken(dynamo_cache_size_limit=-1), ["'dynamo_cache_size_limit'", "between 0 and 1024"]),
     ("cache-huge", broken(dynamo_cache_size_limit=10 ** 9), ["'dynamo_cache_size_limit'", "between"]),
     ("recompile-negative", broken(dynamo_recompile_limit=-5), ["'dynamo_recompile_limit'", "between"]),
     ("warmup-negative", broken(warmup_runs=-1), ["'warmup_runs'", "between 0 and 5"]),
@@ -132,6 +132,24 @@ def test_out_of_range_settings_are_refused_by_prompt_validation(comfy_host, tiny
     assert code == 400, body
     errors = body["node_errors"]["settings"]["errors"]
     assert [(e["type"], e["extra_info"]["input_name"]) for e in errors] == [(kind, key)], errors
+
+
+ZERO_LINE = "is 0, and at 0 torch compiles nothing, so the model runs eagerly"
+
+
+@pytest.mark.parametrize("key", ["dynamo_cache_size_limit", "dynamo_recompile_limit"])
+def test_an_old_workflows_limit_of_0_loads_and_runs_eagerly_said_once(comfy_host, tiny_wan, key):
+    """The original pack and WanVideoWrapper accept 0 for both limits (0..1024), so saved
+    workflows hold it; at 0 torch compiles nothing, and the pack says so once and runs eagerly."""
+    eager = comfy_host.latent(comfy_host.run(wan_t2v_prompt(tiny_wan, apply=False, prefix=f"z_e_{key}")))
+    since = comfy_host.log_offset()
+    for i in range(2):
+        hist = comfy_host.run(wan_t2v_prompt(tiny_wan, compile_settings={**FAST, key: 0},
+                                             prefix=f"z_c{i}_{key}"))
+        assert torch.equal(comfy_host.latent(hist), eager)
+        assert comfy_host.probe(hist)["apply_model_wrapper_keys"] == []  # nothing compiled
+    said = [ln for ln in comfy_host.log_text(since).splitlines() if ZERO_LINE in ln]
+    assert len(said) == 1 and key in said[0] and "set it to 1 or more" in said[0], said
 
 
 def test_api_values_comfyui_coerces_still_build_valid_args(comfy_host, tiny_wan):

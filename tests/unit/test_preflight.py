@@ -134,6 +134,36 @@ def test_compiler_check_is_cached_and_follows_a_changed_compiler(tmp_path):
     assert pf.cpp_compiler_problem() == ""
 
 
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+@pytest.mark.parametrize("zero", [{"dynamo_cache_size_limit": 0}, {"dynamo_recompile_limit": 0},
+                                  {"dynamo_cache_size_limit": 0, "dynamo_recompile_limit": 0}])
+def test_a_limit_of_0_keeps_the_model_eager_naming_the_limit(backend, zero):
+    """At 0 torch's dynamo compiles nothing (every frame runs eagerly), so the pack does not
+    compile and says which limit is 0."""
+    checked, findings = pf.preflight(settings(backend=backend, **zero), CPU, {torch.float32})
+    assert checked is None and [f.check for f in findings] == ["limit-zero"]
+    for key in zero:
+        assert key in findings[0].message
+    assert "set it to 1 or more" in findings[0].message
+
+
+def test_a_limit_of_0_is_torchs_own_compile_nothing():
+    """What the message says is what torch does: with the limit at 0 dynamo traces nothing."""
+    import torch._dynamo
+    from compile_core.torch_support import scoped
+    traced = []
+
+    def backend(gm, example_inputs):
+        traced.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with scoped.scoped_state(), torch._dynamo.config.patch(recompile_limit=0):
+        out = torch.compile(lambda x: x.sin() + 1, backend=backend)(torch.ones(3))
+    torch._dynamo.reset()
+    assert traced == [] and torch.equal(out, torch.ones(3).sin() + 1)
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "eager", "cudagraphs"])
 def test_other_backends_skip_the_checks(failing_cxx, fake_cuda, backend):
     fake_cuda.triton = False

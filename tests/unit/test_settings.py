@@ -175,8 +175,8 @@ def test_from_args_rejects_wrong_types(key, value):
 @pytest.mark.parametrize("key, value", [
     ("mode", "fastest"), ("mode", None), ("mode", "Default"),
     ("backend", "no-such-backend"), ("backend", None), ("backend", "Inductor"),
-    ("dynamo_cache_size_limit", -1), ("dynamo_cache_size_limit", 0), ("dynamo_cache_size_limit", 1025),
-    ("dynamo_recompile_limit", -1), ("dynamo_recompile_limit", 0), ("dynamo_recompile_limit", 1025),
+    ("dynamo_cache_size_limit", -1), ("dynamo_cache_size_limit", 1025),
+    ("dynamo_recompile_limit", -1), ("dynamo_recompile_limit", 1025),
     ("warmup_runs", -1), ("warmup_runs", 6),
 ])
 def test_from_args_rejects_bad_values(key, value):
@@ -187,6 +187,7 @@ def test_from_args_rejects_bad_values(key, value):
 
 
 @pytest.mark.parametrize("key, value", [
+    ("dynamo_cache_size_limit", 0), ("dynamo_recompile_limit", 0),  # the original pack's minimum
     ("dynamo_cache_size_limit", 1), ("dynamo_cache_size_limit", 1024),
     ("dynamo_recompile_limit", 1), ("dynamo_recompile_limit", 1024),
     ("warmup_runs", 0), ("warmup_runs", 5), ("dynamic", None),
@@ -401,7 +402,7 @@ def test_node_defaults_and_choices(node_cls):
                 "allow_unmerged_lora_compile"):
         assert inputs[key][0] == "BOOLEAN", key
     assert inputs["ptx_cache_dir"][0] == "STRING"
-    for key, lo, hi in [("dynamo_cache_size_limit", 1, 1024), ("dynamo_recompile_limit", 1, 1024),
+    for key, lo, hi in [("dynamo_cache_size_limit", 0, 1024), ("dynamo_recompile_limit", 0, 1024),
                         ("warmup_runs", 0, 5)]:
         assert inputs[key][0] == "INT"
         assert (inputs[key][1]["min"], inputs[key][1]["max"]) == (lo, hi), key
