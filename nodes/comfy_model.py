@@ -15,12 +15,17 @@ import comfy.patcher_extension as patcher_extension
 from ..compile_core import api
 from ..compile_core.report import log
 from ..compile_core.run import background
+from ..compile_core.torch_support.other_compiles import dynamo_disabled
 from . import weight_routing
 from .comfy_server import send_if_any, send_status, server_idle
 from .dynamic_vram import compile_clone
 
 WRAPPER_KEY = "torch_compile_speed"
-CORE_COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers' key
+CORE_COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers' key (KJNodes uses it too)
+COMPILE_KWARGS = "torch_compile_kwargs"  # what set_torch_compile_wrapper leaves in model_options
+# comfy.ops' weight casts, which KJNodes' dynamic-VRAM compile marks torch._dynamo.disable
+WEIGHT_CASTS = ("cast_bias_weight", "uncast_bias_weight", "cast_modules_with_vbar",
+                "resolve_cast_module_with_vbar")
 APPLY_MODEL = patcher_extension.WrappersMP.APPLY_MODEL
 OUTER_SAMPLE = patcher_extension.WrappersMP.OUTER_SAMPLE
 # what a cancelled prompt raises inside a model call (an Exception on older ComfyUI): it is no
@@ -38,15 +43,21 @@ def load_device(model_patcher):
 
 def with_compile_wrapper(model_patcher, compiled, node_id=None):
     """A clone of ``model_patcher`` (``dynamic_vram.compile_clone``) whose model calls run
-    ``compiled``; a TorchCompileModel wrapper of core's on it is removed, with a warning."""
+    ``compiled``; a torch.compile wrapper of another node on it (core's TorchCompileModel,
+    KJNodes' TorchCompileModelAdvanced) is removed with the compile kwargs it left, with a
+    warning that names that node."""
     background.set_idle_check(server_idle)
     clone, compiled.memory_path = compile_clone(model_patcher)
     clone.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
-    if clone.get_wrappers(APPLY_MODEL, CORE_COMPILE_KEY):  # never compile twice
+    others = clone.get_wrappers(APPLY_MODEL, CORE_COMPILE_KEY)
+    if others:  # never compile twice
+        node = compile_node_name(others[0])
         clone.remove_wrappers_with_key(APPLY_MODEL, CORE_COMPILE_KEY)
-        log.warning("Apply Torch Compile replaced core's TorchCompileModel wrapper: compiling twice "
-                    "would trace this pack's runtime code inside core's compiled model (graph "
-                    "breaks, a second compile). Remove TorchCompileModel from this model's path.")
+        clone.model_options.pop(COMPILE_KWARGS, None)  # (other packs read it as "compiled")
+        log.warning("Apply Torch Compile replaced %s wrapper: compiling twice would trace this "
+                    "pack's runtime code inside the other compiled model (graph breaks, a second "
+                    "compile). Remove %s from this model's path.", node, node.split(" (")[0])
+    _report_disabled_casts()
     compiled.on_background_done = lambda: send_status(api.status(compiled, node_id))
     clone.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, _apply_model_wrapper(compiled, node_id))
     clone.remove_wrappers_with_key(OUTER_SAMPLE, WRAPPER_KEY)
@@ -54,16 +65,50 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
     return clone
 
 
+def _report_disabled_casts() -> None:
+    """Say once when comfy.ops' weight casts are dynamo-disabled process-wide (KJNodes'
+    TorchCompileModelAdvanced does it, for good, once it ran on a dynamic-VRAM model), and what
+    that costs this pack's compiled blocks. The pack leaves them as they are: they are another
+    pack's, and its compile relies on them."""
+    import comfy.ops
+    off = [n for n in WEIGHT_CASTS if dynamo_disabled(getattr(comfy.ops, n, None))]
+    if off:
+        log.warn_once("disabled-weight-casts:" + ",".join(off),
+                      "comfy.ops %s %s marked torch._dynamo.disable for this whole process by "
+                      "another pack (KJNodes' TorchCompileModelAdvanced does it once it ran on a "
+                      "dynamic-VRAM model) until ComfyUI restarts. What it costs here: in a "
+                      "compiled block every layer that casts its weight at run time (offloaded or "
+                      "dynamic-VRAM weights, a LoRA applied at run time) ends one graph and starts "
+                      "the next, with eager Python between, so a block with N such layers runs as "
+                      "N+1 graphs instead of one. Restart ComfyUI without that node (or with its "
+                      "disable_dynamic_vram on) to compile whole blocks again.",
+                      ", ".join(off), "is" if len(off) == 1 else "are")
+
+
+def compile_node_name(wrapper) -> str:
+    """The node that put a torch.compile ``APPLY_MODEL`` wrapper on a model, told by the
+    wrapper function's module: core's (``comfy_api.torch_helpers``) or KJNodes'."""
+    module = str(getattr(wrapper, "__module__", "") or "")
+    name = str(getattr(wrapper, "__qualname__", "") or "")
+    if "kjnodes" in module.lower() or name.startswith("_kj_"):
+        return "KJNodes' TorchCompileModelAdvanced"
+    if module.startswith(("comfy_api.", "comfy_extras.", "comfy.")):
+        return "core's TorchCompileModel"
+    return f"another node's torch.compile ({module or name or 'unknown'})"
+
+
 def _apply_model_wrapper(compiled, node_id):
     """The ``APPLY_MODEL`` wrapper: each model call through ``run_compiled``, with the badge's
-    status before the first compile and after a call that changed it."""
-    other_compile_warned = []  # once per Apply
+    status before the first compile and after a call that changed it. Where another node's
+    torch.compile wrapper follows on the same call (it was applied after Apply), that compile
+    runs the model and this one steps aside (``_other_compile``)."""
+    said = []  # once per Apply
 
     def torch_compile_speed_wrapper(executor, *args, **kwargs):
         base_model = executor.class_obj
         x = args[0] if args else kwargs["x"]
-        if not other_compile_warned:
-            _warn_other_compile(compiled, args, kwargs, other_compile_warned)
+        if _other_compile(args, kwargs, said):
+            return executor(*args, **kwargs)
         send_if_any(api.first_call_status(compiled, node_id))  # the UI shows "compiling..."
         def eager():
             return executor(*args, **kwargs)
@@ -78,18 +123,23 @@ def _apply_model_wrapper(compiled, node_id):
     return torch_compile_speed_wrapper
 
 
-def _warn_other_compile(compiled, args, kwargs, warned: list) -> None:
-    """Warn once when this call's model also carries another torch.compile wrapper."""
+def _other_compile(args, kwargs, said: list) -> bool:
+    """Whether this call's model also carries another node's torch.compile wrapper (core's
+    TorchCompileModel or KJNodes' after Apply). Its compile would trace this pack's runtime
+    code (KJNodes' fails on it), so the pack steps aside for the call: the other compile runs
+    the blocks as they are, nothing of this pack is marked failed, and the same Apply without
+    that node compiles in the next workflow. Said once per Apply."""
     options = args[5] if len(args) > 5 else kwargs.get("transformer_options") or {}
-    others = [k for k in options.get("wrappers", {}).get(APPLY_MODEL, {})
-              if k != WRAPPER_KEY and "compile" in str(k).lower()]
-    if others:
-        warned.append(True)
-        compiled.inside_other_compile = True
-        log.warning("this compiled model also carries another torch.compile wrapper (%s), "
-                    "e.g. core's TorchCompileModel applied after Apply Torch Compile: "
-                    "compiling twice, the other compile traces this pack's runtime code "
-                    "(graph breaks, slower). Use one of the two.", ", ".join(map(str, others)))
+    others = {k: v for k, v in options.get("wrappers", {}).get(APPLY_MODEL, {}).items()
+              if k != WRAPPER_KEY and "compile" in str(k).lower()}
+    if others and not said:
+        said.append(True)
+        nodes = sorted({compile_node_name(f) for fs in others.values() for f in fs} or {"another node"})
+        log.warning("this model also carries another torch.compile wrapper (%s: %s), applied after "
+                    "Apply Torch Compile: that compile runs this model, and Apply Torch Compile "
+                    "steps aside for it (compiling twice would trace this pack's runtime). Use one "
+                    "of the two.", ", ".join(map(str, others)), " and ".join(nodes))
+    return bool(others)
 
 
 def _sampling_wrapper(compiled, node_id):

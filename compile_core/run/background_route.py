@@ -34,15 +34,10 @@ class Background:
         # the badge's status: a CPU model's compile ends when the server is idle, and no model
         # call would send it then)
         self.on_done: Callable[[], None] | None = None
-        # the host found another torch.compile around the model call (core's TorchCompileModel
-        # after Apply): it would trace a background compile's input capture, so the model
-        # compiles in the foreground
-        self.inside_other_compile = False
 
     @property
     def active(self) -> bool:
-        return self.state.settings.background_compile and not self.foreground_depth \
-            and not self.inside_other_compile
+        return self.state.settings.background_compile and not self.foreground_depth
 
     @property
     def compiling(self) -> bool:

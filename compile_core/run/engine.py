@@ -76,15 +76,6 @@ class CompiledModel:
     def on_background_done(self, fn: Callable[[], None] | None) -> None:
         self.background.on_done = fn
 
-    @property
-    def inside_other_compile(self) -> bool:
-        """Another torch.compile runs around the model call: compile in the foreground."""
-        return self.background.inside_other_compile
-
-    @inside_other_compile.setter
-    def inside_other_compile(self, value: bool) -> None:
-        self.background.inside_other_compile = value
-
     def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device,
             worker_context: Callable[[], contextlib.AbstractContextManager] | None = None):
         """Run ``call`` (one model evaluation) with the regions compiled; eager on failure.

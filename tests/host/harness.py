@@ -66,6 +66,17 @@ PACK_NAME = "TorchCompileSpeed"
 _VENV_PY = REPO_ROOT / ".venv" / "bin" / "python"
 
 
+def host_env(**extra: str) -> dict:
+    """The environment of a process that imports the host's ComfyUI: ``os.environ`` with the
+    host's own package folder first on ``PYTHONPATH`` where it has one (the overlay host's
+    newer comfy-aimdo and comfy-kitchen, ``tcs_host.json`` ``pythonpath``), and ``extra``."""
+    env = {**os.environ, **extra}
+    paths = [HOST_CONFIG.get("pythonpath"), env.get("PYTHONPATH")]
+    if HOST_CONFIG.get("pythonpath"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
 def _server_python() -> str:
     """The python that runs the ComfyUI server (and the tiny-model generator): the one running
     this code when that is a venv (``.venv`` or a torch-matrix venv ``.venv-torch/<version>``,
@@ -100,7 +111,7 @@ def make_tiny_wan(path=None, num_layers=2, dim=256, seed=0) -> Path:
         cmd = [PYTHON, str(Path(__file__).resolve()), "make-tiny-wan", str(tmp),
                str(num_layers), str(dim), str(seed)]
         proc = subprocess.run(cmd, cwd=COMFY_DIR, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              env=host_env(OMP_NUM_THREADS="1"))
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise RuntimeError(f"tiny WAN generation failed:\n{proc.stdout}\n{proc.stderr}")
@@ -285,7 +296,7 @@ class ComfyHost:
         if HOST_CONFIG.get("front_end_root"):
             self.args += ["--front-end-root", HOST_CONFIG["front_end_root"]]
         self.args += list(extra_args)
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(omp_threads)}
+        self.env = host_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(omp_threads))
         if omp_threads is None:  # torch's own choice (one thread per core), as a user's server
             del self.env["OMP_NUM_THREADS"]
         self.env.update(env or {})

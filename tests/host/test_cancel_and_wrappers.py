@@ -108,7 +108,8 @@ def test_core_compile_after_apply_is_said_once(make_host, tiny_wan):
     host.run(p2)
     log = host.log_text(since=offset)
     assert len(_wrapper_lines(log, ALSO)) == 1, log
-    assert "torch.compile" in _wrapper_lines(log, ALSO)[0]
+    also = _wrapper_lines(log, ALSO)[0]
+    assert "torch.compile: core's TorchCompileModel" in also and "steps aside" in also, also
     assert not _wrapper_lines(log, REPLACED), log
     assert rel_l2(host.latent(hist), eager_ref) < 1e-3
     assert sorted(host.probe(hist)["apply_model_wrapper_keys"]) == ["torch.compile",

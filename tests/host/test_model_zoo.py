@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import COMFY_DIR, HOST_ENV, HOST_VERSION, PYTHON
+from harness import COMFY_DIR, HOST_ENV, HOST_VERSION, PYTHON, host_env
 
 SCRIPT = Path(__file__).resolve().parent / "regions" / "model_zoo.py"
 DISCOVERED = {  # case -> (family, blocks described)
@@ -34,7 +34,7 @@ WHOLE = "lumina2_shallow"
 def zoo():
     if not (COMFY_DIR / "comfy").is_dir():
         pytest.skip(f"ComfyUI host {HOST_VERSION} not found at {COMFY_DIR} (run scripts/bootstrap.sh)")
-    env = {**os.environ, HOST_ENV: str(COMFY_DIR)}
+    env = host_env(**{HOST_ENV: str(COMFY_DIR)})
     cases = ",".join([*DISCOVERED, WHOLE])
     proc = subprocess.run([PYTHON, str(SCRIPT), "--backend", "aot_eager", "--cases", cases],
                           cwd=COMFY_DIR, env=env, capture_output=True, text=True, timeout=600)

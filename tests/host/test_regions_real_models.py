@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import COMFY_DIR, HOST_ENV, HOST_VERSION, PYTHON  # the host TCS_COMFY_HOST selects
+from harness import COMFY_DIR, HOST_ENV, HOST_VERSION, PYTHON, host_env  # the host TCS_COMFY_HOST selects
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "regions" / "build_tiny_models.py"
@@ -84,7 +84,7 @@ def results():
     if not (COMFY_DIR / "comfy").is_dir():
         pytest.skip(f"ComfyUI host {HOST_VERSION} not found at {COMFY_DIR} (run scripts/bootstrap.sh)")
     # the script resolves its host the same way; pass the folder so both use the very same one
-    env = {**os.environ, HOST_ENV: str(COMFY_DIR)}
+    env = host_env(**{HOST_ENV: str(COMFY_DIR)})
     proc = subprocess.run([PYTHON, str(SCRIPT), "--cases", ",".join([*PLANS, UNKNOWN]), "--run", ",".join(RUN)],
                           cwd=COMFY_DIR, env=env, capture_output=True, text=True, timeout=300)
     out = {}

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import COMFY_DIR, MODEL_CACHE, PYTHON
+from harness import COMFY_DIR, MODEL_CACHE, PYTHON, host_env
 
 
 def vae_name(kind: str, width: int, seed: int = 0) -> str:
@@ -41,8 +41,7 @@ def make_tiny_vae(kind: str, width: int | None = None, seed: int = 0) -> Path:
         tmp = cached.with_suffix(f".tmp{os.getpid()}")
         cmd = [PYTHON, str(Path(__file__).resolve()), "make", kind, str(tmp), str(width), str(seed)]
         proc = subprocess.run(cmd, cwd=COMFY_DIR, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "OMP_NUM_THREADS": "1",
-                                   "PYTHONPATH": str(Path(__file__).parent)})
+                              env=host_env(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent)))
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise RuntimeError(f"tiny {kind} VAE generation failed:\n{proc.stdout}\n{proc.stderr}")

@@ -44,19 +44,6 @@ def test_first_call_runs_eagerly_then_compiled_regions_swap_in(wan, wan_inputs, 
     torch.testing.assert_close(run(cm, model, *wan_inputs(tokens=10)), eager(model, *wan_inputs(tokens=10)))
 
 
-def test_inside_another_compile_the_first_call_compiles_in_the_foreground(wan, wan_inputs, graph_count):
-    """Another torch.compile around the model call (core's TorchCompileModel after Apply, told
-    by the bridge) would trace the background mode's input capture: the call compiles on this
-    thread instead, as without background mode."""
-    model = wan.Model(n_blocks=2).eval()
-    x, t = wan_inputs()
-    cm = engine.prepare(model, _bg())
-    cm.inside_other_compile = True
-    g0 = graph_count()
-    torch.testing.assert_close(run(cm, model, x, t), eager(model, x, t))
-    assert cm.background.job is None and cm.entry.runs == 1 and graph_count() - g0 == 1  # compiled here
-
-
 def test_inference_mode_is_kept_for_the_worker(wan, wan_inputs, graph_count):
     model = wan.Model(n_blocks=2).eval()
     x, t = wan_inputs()

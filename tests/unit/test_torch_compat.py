@@ -14,7 +14,7 @@ import torch
 import torch._dynamo.config as dynamo_config
 
 from compile_core.run import compiled_call, engine
-from compile_core.torch_support import inductor_names
+from compile_core.torch_support import inductor_names, scoped
 from compile_core.cache import precompiled
 from compile_core.plan import knobs, preflight, shapes
 from compile_core.torch_support import aot, guards, probing, scoped, torch_compat as tc, weight_fetch
@@ -264,6 +264,11 @@ def test_own_backend_only_for_reuse_off_without_isolation_simulated(monkeypatch)
     monkeypatch.setattr(tc, "isolate_recompiles", lambda: False)
     seen = {}
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
+    with scoped.scoped_state():  # torch 2.8's inductor sets TORCHINDUCTOR_CACHE_DIR when it loads
+        _own_backend_only_for_reuse_off(seen)
+
+
+def _own_backend_only_for_reuse_off(seen):
     compiled_call.make_compiled_call(settings(backend="inductor", mode="max-autotune-no-cudagraphs"))
     assert seen["backend"] == "inductor" and seen["mode"] == "max-autotune-no-cudagraphs"
     seen.clear()

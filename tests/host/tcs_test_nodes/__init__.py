@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import signal
+import sys
 
 import torch
 
@@ -122,6 +123,7 @@ def _model_report(patcher):
         "modules_with_compiled_call_impl": sum(
             1 for m in modules if m.__dict__.get("_compiled_call_impl") is not None),
         "apply_model_wrapper_keys": wrapper_keys("apply_model"),
+        "model_options_keys": sorted(patcher.model_options),
         "diffusion_model_wrapper_keys": wrapper_keys("diffusion_model"),
         "diffusion_model_type": type(dm).__name__,
         "is_optimized_module": any(_is_optimized(m) for m in [dm, *modules]),
@@ -919,3 +921,33 @@ class _ProcessWatch:
 
 
 _WATCH = [_ProcessWatch()] if os.environ.get("TCS_TEST_WATCH") == "1" else []
+
+
+class TCSTestKJDisableWeightCasts:
+    """TEST-ONLY: runs KJNodes' own ``patch_aimdo_for_compile()`` (its TorchCompileModelAdvanced
+    runs it on a dynamic-VRAM model, which ComfyUI never makes on a CPU device, so its node
+    cannot reach it here): comfy.ops' weight casts become ``torch._dynamo.disable`` wrappers for
+    the rest of the process. Returns the names it finds disabled afterwards."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "patch"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",)}}
+
+    def patch(self, samples):
+        import comfy.ops
+        kj = [m for name, m in list(sys.modules.items())
+              if name.endswith("model_optimization_nodes") and hasattr(m, "patch_aimdo_for_compile")]
+        if not kj:
+            raise RuntimeError("KJNodes' model_optimization_nodes is not loaded in this server")
+        kj[0].patch_aimdo_for_compile()
+        disabled = [n for n in ("cast_bias_weight", "uncast_bias_weight")
+                    if getattr(getattr(comfy.ops, n, None), "_torchdynamo_disable", False)]
+        return {"ui": {"disabled": disabled}, "result": (samples,)}
+
+
+NODE_CLASS_MAPPINGS[TCSTestKJDisableWeightCasts.__name__] = TCSTestKJDisableWeightCasts
+NODE_DISPLAY_NAME_MAPPINGS[TCSTestKJDisableWeightCasts.__name__] = "[test] TCSTestKJDisableWeightCasts"
