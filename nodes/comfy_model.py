@@ -16,7 +16,7 @@ from ..compile_core import api
 from ..compile_core.report import log
 from ..compile_core.run import background
 from ..compile_core.torch_support.other_compiles import dynamo_disabled
-from . import weight_routing
+from . import memory_compiler, weight_routing
 from .comfy_server import send_if_any, send_status, server_idle
 from .dynamic_vram import compile_clone
 
@@ -58,6 +58,7 @@ def with_compile_wrapper(model_patcher, compiled, node_id=None):
                     "pack's runtime code inside the other compiled model (graph breaks, a second "
                     "compile). Remove %s from this model's path.", node, node.split(" (")[0])
     _report_disabled_casts()
+    compiled.state.compile_context = memory_compiler.paused
     compiled.on_background_done = lambda: send_status(api.status(compiled, node_id))
     clone.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, _apply_model_wrapper(compiled, node_id))
     clone.remove_wrappers_with_key(OUTER_SAMPLE, WRAPPER_KEY)

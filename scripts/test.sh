@@ -13,6 +13,12 @@
 #       tests/host/test_gguf.py              ComfyUI-GGUF's loader and tensors on this host
 #       tests/host/test_regions_real_models.py  region plans on this host's real model classes
 #       tests/browser                        the pack in 0.3.75's frontend
+#  4. on ComfyUI 0.33.0 with the post-0.33 overlay (host "next", reports 0.38.1: WAN's
+#     comfy_attention submodules, modulate(), the memory compiler, comfy-aimdo 0.6.0), the host
+#     tests that matter for a compile pack there:
+#       tests/host/test_foundation.py, test_persistent_cache.py (restart without a trace),
+#       test_code_change.py (never stale after a code edit), test_background_compile.py,
+#       test_gguf.py (GGUF + LoRA), test_kjnodes.py, test_next_host.py (what only it has)
 #     The rest of tests/host (input validation, fallbacks, LoRA/offload, shape policy, cancel,
 #     attention override, diagnostics, fleet, ...) exercises the pack's own logic, which step 1
 #     covers; it ran on 0.3.75 too (~20 min) until the older-torch job needed the time (CI:
@@ -25,7 +31,8 @@
 # background while step 1 runs.
 # Knobs (environment variables):
 #   TCS_TEST_HOSTS="0.33.0"        hosts to run, space-separated (the first gets every test)
-#   TCS_SECOND_HOST_TESTS="..."    what the other hosts run (e.g. "tests/host tests/browser": all)
+#   TCS_SECOND_HOST_TESTS="..."    what 0.3.75 runs (e.g. "tests/host tests/browser": all)
+#   TCS_NEXT_HOST_TESTS="..."      what the overlay host runs
 #   TCS_TEST_OLD_TORCH="2.9.1"     the older-torch job's version ("none": skip it)
 #   TCS_TEST_WORKERS=4             pytest worker processes per run (default 2; 0: no workers)
 # Extra arguments pass through to pytest (for every run).
@@ -39,6 +46,10 @@ fi
 SECOND_HOST_TESTS=${TCS_SECOND_HOST_TESTS:-tests/host/test_foundation.py \
 tests/host/test_persistent_cache.py tests/host/test_gguf.py tests/host/test_regions_real_models.py \
 tests/browser}
+NEXT_HOST_TESTS=${TCS_NEXT_HOST_TESTS:-tests/host/test_foundation.py \
+tests/host/test_persistent_cache.py tests/host/test_code_change.py \
+tests/host/test_background_compile.py tests/host/test_gguf.py tests/host/test_kjnodes.py \
+tests/host/test_next_host.py}
 OLD_TORCH=${TCS_TEST_OLD_TORCH:-2.8.0}
 WORKERS=(-n "${TCS_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 status=0
@@ -49,8 +60,10 @@ if [ "$OLD_TORCH" != none ]; then
   trap 'kill "$old_torch_env" 2>/dev/null || true' EXIT
 fi
 first=1
-for host in ${TCS_TEST_HOSTS:-0.33.0 0.3.75}; do
-  if [ $first = 1 ]; then paths=(tests); else read -r -a paths <<< "$SECOND_HOST_TESTS"; fi
+for host in ${TCS_TEST_HOSTS:-0.33.0 0.3.75 next}; do
+  if [ $first = 1 ]; then paths=(tests)
+  elif [ "$host" = next ]; then read -r -a paths <<< "$NEXT_HOST_TESTS"
+  else read -r -a paths <<< "$SECOND_HOST_TESTS"; fi
   echo "[test] ComfyUI $host: ${paths[*]}"
   # a private basetemp per host: pytest prunes /tmp/pytest-of-$USER across concurrent runs
   TCS_COMFY_HOST=$host .venv/bin/python -m pytest "${paths[@]}" "${WORKERS[@]}" \

@@ -32,8 +32,9 @@ class Foreground:
         s.sampling_run += s.sampling_run == 1  # the run's first call keyed them
         miss = self.misses.probe()
         failure, failures = "", []
+        host = s.compile_context(device) if s.compile_context and not s.ran else contextlib.nullcontext()
         try:
-            with (contextlib.nullcontext() if p.lazy_scope else scope.active()), \
+            with host, (contextlib.nullcontext() if p.lazy_scope else scope.active()), \
                     s.attached(modules, p.fast, miss, failures):
                 s.warm_if_first(call, device, warm)
                 out = call()

@@ -35,6 +35,9 @@ class ModelState:
     warmed: bool = False  # PTX warm-up done (or done elsewhere: compile-ahead)
     ran: bool = False  # a model call ran on the compiled path
     sampling_run: int = 0  # 0: outside ``sampling_run``, 1: at its first call, 2: after it
+    # the host's context around a first call that compiles on the calling thread, given the
+    # device (ComfyUI's memory compiler paused: ``nodes.memory_compiler``); None: nothing
+    compile_context: Callable | None = None
     # the same on every call: kept, not rebuilt per model call (see ``scope``)
     scopes: dict = dataclasses.field(default_factory=dict)
     shapers: dict = dataclasses.field(default_factory=dict)

@@ -124,6 +124,7 @@ def _model_report(patcher):
             1 for m in modules if m.__dict__.get("_compiled_call_impl") is not None),
         "apply_model_wrapper_keys": wrapper_keys("apply_model"),
         "model_options_keys": sorted(patcher.model_options),
+        "comfy_attention_modules": sum(1 for n, _ in dm.named_modules() if n.endswith("comfy_attention")),
         "diffusion_model_wrapper_keys": wrapper_keys("diffusion_model"),
         "diffusion_model_type": type(dm).__name__,
         "is_optimized_module": any(_is_optimized(m) for m in [dm, *modules]),
