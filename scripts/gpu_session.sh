@@ -7,6 +7,9 @@
 #                                            GPU tests, a ComfyUI 0.33 server with and without dynamic
 #                                            VRAM, the speed benchmark at the real size; writes
 #                                            gpu_check.json / .md (commit them to benchmarks/results)
+#   bash scripts/gpu_session.sh matrix       the GPU matrix (benchmarks/gpu_matrix.py, rows A1,B,F,P,
+#                                            each under its own limit; about 8 minutes): writes
+#                                            gpu_matrix.json / .md (commit them to benchmarks/results)
 #   bash scripts/gpu_session.sh tests        tests/gpu alone
 #   bash scripts/gpu_session.sh bench-small  benchmarks/gpu_wan_bf16.py --small (33 frames 240x416)
 #   bash scripts/gpu_session.sh bench        benchmarks/gpu_wan_bf16.py (81 frames 480x832)
@@ -63,10 +66,13 @@ case "$stage" in
     rc=${PIPESTATUS[0]}
     # the logs as one file beside the results
     tar czf "$OUT/gpu_check_logs.tar.gz" -C "$OUT" gpu_check_logs && rm -rf "$OUT/gpu_check_logs" ;;
+  matrix)
+    "$PY" benchmarks/gpu_matrix.py --out-dir "$OUT" "${@:2}" 2>&1 | tee "$OUT/matrix.txt"
+    rc=${PIPESTATUS[0]} ;;
   bench-small|bench)
     flag=(); [ "$stage" = bench-small ] && flag=(--small)
     "$PY" benchmarks/gpu_wan_bf16.py "${flag[@]}" --out "$OUT/gpu_results${flag:+_small}" 2>&1 | tee "$OUT/$stage.txt"
     rc=${PIPESTATUS[0]} ;;
-  *) echo "[gpu] unknown stage: $stage (setup, check, tests, bench-small, bench)" >&2; rc=2 ;;
+  *) echo "[gpu] unknown stage: $stage (setup, check, matrix, tests, bench-small, bench)" >&2; rc=2 ;;
 esac
 exit $rc

@@ -18,7 +18,8 @@
 #     tests that matter for a compile pack there:
 #       tests/host/test_foundation.py, test_persistent_cache.py (restart without a trace),
 #       test_code_change.py (never stale after a code edit), test_background_compile.py,
-#       test_gguf.py (GGUF + LoRA), test_kjnodes.py, test_next_host.py (what only it has)
+#       test_gguf.py (GGUF + LoRA), test_kjnodes.py, test_dynamic_vram.py (its ModelPatcherDynamic
+#       takes fast_disk; a custom loader without cached_patcher_init), test_next_host.py
 #     The rest of tests/host (input validation, fallbacks, LoRA/offload, shape policy, cancel,
 #     attention override, diagnostics, fleet, ...) exercises the pack's own logic, which step 1
 #     covers; it ran on 0.3.75 too (~20 min) until the older-torch job needed the time (CI:
@@ -49,7 +50,7 @@ tests/browser}
 NEXT_HOST_TESTS=${TCS_NEXT_HOST_TESTS:-tests/host/test_foundation.py \
 tests/host/test_persistent_cache.py tests/host/test_code_change.py \
 tests/host/test_background_compile.py tests/host/test_gguf.py tests/host/test_kjnodes.py \
-tests/host/test_next_host.py}
+tests/host/test_dynamic_vram.py tests/host/test_next_host.py}
 OLD_TORCH=${TCS_TEST_OLD_TORCH:-2.8.0}
 WORKERS=(-n "${TCS_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 status=0

@@ -3,10 +3,10 @@
 #   that torch + the matching torchvision/torchaudio (pinned by constraints/torch-<version>.txt)
 #   + ComfyUI 0.33's requirements (.host/requirements-0.33.0.txt, made by scripts/bootstrap.sh)
 #   + requirements.txt + requirements-dev.txt.
-# Usage: scripts/torch_env.sh <version>     (2.8.0, 2.9.1, 2.11.0, 2.13.0, 2.14.1: one per constraints file)
+# Usage: scripts/torch_env.sh <version>     (2.8.0, 2.9.1, 2.11.0, 2.13.0, 2.14.1, 2.15.0: one per constraints file)
 #   2.13.0 is the main venv's torch: .venv-torch/2.13.0 is a symlink to .venv (no second copy).
 #   2.8.0 / 2.9.1 are the CUDA builds from PyPI (~3 GB each with their nvidia-* wheels), 2.14.1
-#   the CUDA build from wherever pip is configured to look; all of them run on the CPU.
+#   and 2.15.0 the CUDA builds from wherever pip is configured to look; all of them run on the CPU.
 #   PIP_FIND_LINKS (a space-separated list) can point pip at pre-downloaded wheels.
 # Idempotent: .venv-torch/<version>/.ready is written last; with it the script returns at once.
 # Prints the venv's python path as the last line of its output.
@@ -48,7 +48,13 @@ rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 tv=$(sed -n 's/^torchvision==//p' "$CONS")
 ta=$(sed -n 's/^torchaudio==//p' "$CONS")
-pipq "torch==$VER" "torchvision==$tv"
+pipq "torch==$VER"
+# torchvision: the matching release; for a torch newer than the newest torchvision (its pin
+# names an older torch), that torchvision without its deps
+if ! pipq "torchvision==$tv"; then
+  echo "[torch_env] torchvision $tv does not match torch $VER: installed without its deps" >&2
+  pipq --no-deps "torchvision==$tv"
+fi
 # torchaudio: the matching release when PyPI has one (it requires torch==<same version>); for
 # torch releases newer than the newest torchaudio, the newest torchaudio without its deps.
 if [ "$ta" = "$VER" ]; then

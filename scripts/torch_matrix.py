@@ -12,7 +12,7 @@ Results go to ``benchmarks/results/torch_matrix.json`` and ``.md``, with the com
 them. A run over a subset (``--versions 2.9.1``) replaces those versions' rows and keeps the
 others (each row records its own command and date). Exit status 1 when anything failed.
 
-    .venv/bin/python scripts/torch_matrix.py                      # 2.8.0 2.9.1 2.11.0 2.13.0 2.14.1
+    .venv/bin/python scripts/torch_matrix.py                      # 2.8.0 ... 2.14.1 2.15.0
     .venv/bin/python scripts/torch_matrix.py --versions 2.9.1 --skip-demo
 
 Several minutes per version on 2 cores (plus a few GB and minutes per venv built once).
@@ -33,7 +33,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSIONS = ["2.8.0", "2.9.1", "2.11.0", "2.13.0", "2.14.1"]
+VERSIONS = ["2.8.0", "2.9.1", "2.11.0", "2.13.0", "2.14.1", "2.15.0"]
 RESULTS = ROOT / "benchmarks" / "results" / "torch_matrix"
 SUITES = {"unit": ["tests/unit"], "foundation": ["tests/host/test_foundation.py"]}
 
@@ -190,25 +190,26 @@ def markdown(data: dict, order: list[str]) -> str:
            "`.venv-torch/<version>/` (`scripts/torch_env.sh`).", "",
            f"Command: `{data['command']}` (updated {data['updated']}; each version's own command is "
            "in the JSON).", "",
-           "| torch | demo | compiled | graphs (restart) | rel L2 | cold s | restart s "
-           "| saved regions used | unit | foundation |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| torch | demo | compiled | graphs (restart) | rel L2 | cold s | background compile s "
+           "| restart s | compiled after restart s | saved regions used | unit | foundation |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in order:
         r = data["versions"][v]
         d = r.get("demo", {})
         t = r.get("installed", {}).get("torch", v)
         cells = [t]
         if "error" in r:
-            out.append(f"| {t} | error: {r['error']} |||||||||")
+            out.append(f"| {t} | error: {r['error']} |||||||||||")
             continue
         if d:
             cells += ["OK" if d.get("ok") else f"FAILED (exit {d.get('exit_code')})",
                       fmt(d.get("compiled")),
                       f"{fmt(d.get('graphs'))} ({fmt(d.get('restart_graphs'))})", fmt(d.get("rel_l2"), ".1e"),
-                      fmt(d.get("cold_s"), ".1f"), fmt(d.get("restart_s"), ".1f"),
-                      fmt(d.get("saved_regions_used"))]
+                      fmt(d.get("cold_s"), ".1f"), fmt(d.get("background_compile_s"), ".1f"),
+                      fmt(d.get("restart_s"), ".1f"),
+                      fmt(d.get("restarted_s"), ".2f"), fmt(d.get("saved_regions_used"))]
         else:
-            cells += ["not run"] + ["-"] * 6
+            cells += ["not run"] + ["-"] * 8
         for s in SUITES:
             p = r.get(s)
             cells.append(f"{p['passed']} passed, {p['failed']} failed, {p['seconds']:.0f}s"

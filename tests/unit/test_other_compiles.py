@@ -3,12 +3,14 @@ compiled module or a dynamo-disabled function fails here."""
 import torch
 from torch import nn
 
-from compile_core.torch_support import other_compiles
+from compile_core.torch_support import other_compiles, scoped
 
 
 def test_a_module_torch_compile_wrapped_is_told_from_a_plain_one():
     lin = nn.Linear(2, 2)
-    assert other_compiles.compiled_module(torch.compile(lin, backend="eager"))
+    with scoped.scoped_state():  # torch 2.8's torch.compile() sets TORCHINDUCTOR_CACHE_DIR
+        wrapped = torch.compile(lin, backend="eager")
+    assert other_compiles.compiled_module(wrapped)
     assert not other_compiles.compiled_module(lin)
     assert not other_compiles.compiled_module(None)
 

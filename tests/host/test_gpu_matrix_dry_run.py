@@ -1,0 +1,39 @@
+"""The GPU matrix (``benchmarks/gpu_matrix.py``) at toy dims on the CPU, so that its code runs the
+first time a GPU is there: every built row builds, runs eager, the pack and core, and writes its
+row in the results' schema. The figures say nothing about speed (toy dims, ``aot_eager``)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import REPO_ROOT, host_env
+
+SCRIPT = REPO_ROOT / "benchmarks" / "gpu_matrix.py"
+SCHEMA = {"row", "format", "tokens", "eager_ms", "pack_ms", "core_ms", "floor_ms", "pack_rel_l2",
+          "eager_peak_gb", "pack_peak_gb", "pack_compile_s", "core_compile_s", "pack_restart_s",
+          "core_restart_s"}
+
+
+def test_every_built_row_runs_eager_pack_and_core_and_writes_its_row(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--device", "cpu", "--backend", "aot_eager",
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env=host_env(OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu_matrix.json").read_text())
+    assert {"card", "torch", "date", "command", "rows"} <= set(data) and data["tiny"] is True
+    rows = {r["row"]: r for r in data["rows"]}
+    assert set(rows) == {"A1", "B", "F", "P"}, rows
+    for r in rows.values():
+        assert SCHEMA <= set(r) and not r.get("error"), r
+    assert rows["A1"]["sdpa_rate"] > 0 and rows["A1"]["gemm_rate"] > 0
+    for name in ("B", "F"):
+        r = rows[name]
+        assert all(r[k] > 0 for k in ("eager_ms", "pack_ms", "core_ms", "floor_ms", "pack_compile_s",
+                                      "core_compile_s")), r
+        assert r["pack_rel_l2"] < 1e-3 and r["core_rel_l2"] < 1e-3 and not r["pack_failed"], r
+        assert r["format"] == "bf16" and r["tokens"] == 32
+    assert rows["B"]["pack_restart_s"] > 0 and rows["B"]["core_restart_s"] > 0
+    for variant in ("eager", "pack", "core"):
+        assert rows["P"]["classes"][variant]["gemm"] > 0, rows["P"]
+    assert {"G8", "L", "D"} <= set(data["not_built"])
+    assert "| B | bf16 | 32 |" in Path(tmp_path / "gpu_matrix.md").read_text()
