@@ -31,7 +31,6 @@ after every row. On a machine without CUDA (and without ``--device cpu``) it say
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics

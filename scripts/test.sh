@@ -12,6 +12,8 @@
 #       tests/host/test_persistent_cache.py  restart: saved regions / FX cache on this host's classes
 #       tests/host/test_gguf.py              ComfyUI-GGUF's loader and tensors on this host
 #       tests/host/test_regions_real_models.py  region plans on this host's real model classes
+#       tests/host/test_code_change.py::test_a_restart_after_an_update_runs_the_new_code
+#                                            never the old code's output after an update
 #       tests/browser                        the pack in 0.3.75's frontend
 #  4. on ComfyUI 0.33.0 with the post-0.33 overlay (host "next", reports 0.38.1: WAN's
 #     comfy_attention submodules, modulate(), the memory compiler, comfy-aimdo 0.6.0), the host
@@ -46,7 +48,7 @@ if ! bash scripts/install_system_deps.sh; then
 fi
 SECOND_HOST_TESTS=${TCS_SECOND_HOST_TESTS:-tests/host/test_foundation.py \
 tests/host/test_persistent_cache.py tests/host/test_gguf.py tests/host/test_regions_real_models.py \
-tests/browser}
+tests/host/test_code_change.py::test_a_restart_after_an_update_runs_the_new_code tests/browser}
 NEXT_HOST_TESTS=${TCS_NEXT_HOST_TESTS:-tests/host/test_foundation.py \
 tests/host/test_persistent_cache.py tests/host/test_code_change.py \
 tests/host/test_background_compile.py tests/host/test_gguf.py tests/host/test_kjnodes.py \

@@ -106,6 +106,7 @@ def run_demo(py: str, ver: str, demo_args: list[str], timeout: float) -> dict:
             rc, text = "timeout", out_.decode(errors="replace") if isinstance(out_, bytes) else out_
         result = json.loads(out.read_text()) if out.exists() else {"ok": False}
     result.pop("json", None)  # the temporary file's own path
+    result.get("args", {}).pop("json", None)
     result["exit_code"] = rc
     result["seconds"] = round(time.monotonic() - t, 1)
     result["cpu_seconds"] = round(child_cpu() - cpu, 1)

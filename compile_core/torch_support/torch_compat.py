@@ -8,7 +8,7 @@ use, once per process, never at import of the pack. A name that exists is not pr
 
 Probes leave no trace: they compile fresh code objects, and dynamo's counters and compilation
 records are restored afterwards, so a probe that runs inside a measured model call is not
-counted as the model's graphs. Supported: torch 2.8 to 2.14 (``MIN_VERSION``..``NEWEST_TESTED``).
+counted as the model's graphs. Supported: torch 2.8 to 2.15 (``MIN_VERSION``..``NEWEST_TESTED``).
 
 The probes of compiling live here; those of saving and loading compiled code in ``aot``, the
 guard check in ``guards``, the weight-fetch op in ``weight_fetch``, and their shared helpers in
@@ -25,7 +25,7 @@ from . import aot, guards, probe_memo, probing, weight_fetch
 from .probing import _Counter, _fresh, _probe, _sin2
 
 MIN_VERSION = (2, 8)
-NEWEST_TESTED = (2, 14)
+NEWEST_TESTED = (2, 15)
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,7 +33,7 @@ def unsupported() -> str:
     """'' when the pack compiles on this torch; else why not (the model then stays eager)."""
     if probing.version() < MIN_VERSION:
         return (f"torch {torch.__version__} is older than 2.8, the oldest torch this pack compiles "
-                "with; the model stays eager (install torch 2.8 to 2.14 to compile)")
+                "with; the model stays eager (install torch 2.8 to 2.15 to compile)")
     if not compile_works():
         return (f"a tiny test compile failed on torch {torch.__version__}, so torch.compile does not "
                 "work in this install; the model stays eager")

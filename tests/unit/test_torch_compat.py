@@ -43,7 +43,7 @@ _OLD = {**_ALL, "isolate_recompiles": False, "recompile_limit_kwarg": False, "op
         "backed_size_oblivious_safe": False}
 # What the probes answered, per torch they were run on (docs/how-it-works.md: torch versions).
 MEASURED = {(2, 8): {**_OLD, "aot_compile": False, "aot_compile_needs_enable_aot_compile": False},
-            (2, 9): _OLD, (2, 13): _ALL, (2, 14): _ALL,
+            (2, 9): _OLD, (2, 13): _ALL, (2, 14): _ALL, (2, 15): _ALL,
             (2, 11): {**_ALL, "isolate_recompiles": False, "recompile_limit_kwarg": False,
                       "aot_compile_needs_enable_aot_compile": True, "opaque_weight_fetch": False}}
 
