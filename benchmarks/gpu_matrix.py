@@ -167,6 +167,16 @@ def pack_first(cm, pack, clock, swap_limit: float) -> float | None:
     return round(swap["compiled_from_s"], 2) if cm.swapped_at else None
 
 
+def verdict_fields(cm) -> dict:
+    """What the pack's own compiled-against-eager pairs decided (``compile_core.run.verdict``;
+    made on CUDA only): ``pack_verdict`` eager, compiled or null, with the median ratio."""
+    trial = cm.entry.trial
+    if trial is None or not trial.decided:
+        return {"pack_verdict": None, "pack_verdict_ratio": None}
+    ratio = round(statistics.median(trial.ratios), 4) if trial.ratios else None
+    return {"pack_verdict": "eager" if cm.entry.slower else "compiled", "pack_verdict_ratio": ratio}
+
+
 def first_call(clock, call) -> float:
     t = time.perf_counter()
     call()
@@ -189,6 +199,7 @@ def row_setup(args, name: str):
 def video_row(args, name: str) -> dict:
     spec = ROWS[name]
     torch, device, model, (x, t, ctx), clock, latent = row_setup(args, name)
+    from compile_core.run import verdict  # (on the path once the row is set up)
 
     def forward():
         return model(x, t, ctx)
@@ -204,7 +215,8 @@ def video_row(args, name: str) -> dict:
         clock.peak_reset()
         row["pack_compile_s"] = pack_first(cm, pack, clock, args.swap_limit)
         row["pack_failed"] = cm.entry.failed or None
-        row["pack_ms"] = clock.steps(pack)
+        row["pack_ms"] = clock.steps(pack, warmup=2 + 2 * verdict.PAIRS)  # after the verdict's pairs
+        row.update(verdict_fields(cm))
         row["pack_peak_gb"] = clock.peak_gb()
         row["pack_rel_l2"] = rel_l2(pack().float(), ref)
         core = core_call(model, x, t, ctx, args.backend)
@@ -387,6 +399,13 @@ def write(args, rows: list[dict], env: dict) -> None:
     path.with_suffix(".md").write_text(markdown(data))
 
 
+def verdict_cell(r: dict) -> str:
+    """The pack's own verdict on the row (compiled or eager, compiled/eager ratio), where made."""
+    if not r.get("pack_verdict"):
+        return "-"
+    return f"{r['pack_verdict']} ({r['pack_verdict_ratio']:.3f})" if r.get("pack_verdict_ratio") else r["pack_verdict"]
+
+
 def markdown(data: dict) -> str:
     def num(v, spec=".2f"):
         return "-" if v is None else (format(v, spec) if isinstance(v, (int, float)) else str(v))
@@ -395,10 +414,11 @@ def markdown(data: dict) -> str:
          f"{data['triton']}, {data['date']}{' (toy dims: says nothing about speed)' if data['tiny'] else ''}.",
          "", f"Command: `{data['command']}`", "",
          "| row | format | tokens | eager ms | pack ms | core ms | floor ms | pack/eager | pack rel L2 "
-         "| eager / pack peak GB | pack / core compile s | pack / core restart s |", "|---" * 12 + "|"]
+         "| eager / pack peak GB | pack / core compile s | pack / core restart s | pack verdict |",
+         "|---" * 13 + "|"]
     for r in data["rows"]:
         if r.get("error"):
-            L.append(f"| {r['row']} | error: {r['error']} |" + " |" * 10)
+            L.append(f"| {r['row']} | error: {r['error']} |" + " |" * 11)
             continue
         ratio = r["pack_ms"] / r["eager_ms"] if r.get("pack_ms") and r.get("eager_ms") else None
         L.append("| " + " | ".join([r["row"], num(r["format"]), num(r["tokens"], "d"), num(r["eager_ms"]),
@@ -406,7 +426,8 @@ def markdown(data: dict) -> str:
                                     num(r["pack_rel_l2"], ".1e"),
                                     f"{num(r['eager_peak_gb'])} / {num(r['pack_peak_gb'])}",
                                     f"{num(r['pack_compile_s'])} / {num(r['core_compile_s'])}",
-                                    f"{num(r['pack_restart_s'])} / {num(r['core_restart_s'])}"]) + " |")
+                                    f"{num(r['pack_restart_s'])} / {num(r['core_restart_s'])}",
+                                    verdict_cell(r)]) + " |")
     for r in data["rows"]:
         if r["row"] == "A1" and not r.get("error"):
             L += ["", f"A1: SDPA TFLOP/s {r['sdpa_tflops']} (fastest: {r['sdpa_best']}); cuBLAS on the "

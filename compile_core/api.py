@@ -67,7 +67,7 @@ def run_model_call(compiled: CompiledModel, run: Callable[[], object], call: Cal
     model call, eager) runs in its place: a compile never breaks a workflow. Where the eager
     call raises too, the error is the model's own and propagates; else the model stays eager
     from now on, said once. ``passthrough`` (the host's interrupt) propagates at once."""
-    if compiled.entry.failed:  # the eager route: its errors are the model's own
+    if compiled.entry.failed or compiled.entry.slower:  # the eager route: its errors are the model's own
         return run()
     try:
         return run()

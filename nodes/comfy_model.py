@@ -157,7 +157,7 @@ def _sampling_wrapper(compiled, node_id):
 def run_compiled(compiled, dm, call, device):
     """``compiled.run`` with the LoRA-patched weight fetches of its regions behind one custom op
     (``weight_routing``): a strength change is then data, not a recompile."""
-    if compiled.entry.failed:
+    if compiled.entry.failed or compiled.entry.slower:  # (eager: ComfyUI's own weight fetches)
         return compiled.run(dm, call, device)
     with weight_routing.routed(dm, compiled.plan):  # (a background compile holds it too)
         return compiled.run(dm, call, device, functools.partial(weight_routing.routed, dm, compiled.plan))

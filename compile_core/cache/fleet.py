@@ -29,6 +29,7 @@ keep entries in ``fleet_stores``.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from pathlib import Path
@@ -145,6 +146,22 @@ class Fleet:
         log.info("published %s (%.1f MB) to shared cache %s", fingerprint[:12], len(payload) / 2 ** 20,
                  self.store.describe())
         return True
+
+    def publish_note(self, fingerprint: str, device: torch.device, name: str, note: dict) -> bool:
+        """A small JSON record kept beside the entry (a verdict), under the same identity."""
+        return self._put_sealed(f"{artifact_key(fingerprint, device)}-{name}", artifact_identity(device),
+                                json.dumps(note).encode())
+
+    def fetch_note(self, fingerprint: str, device: torch.device, name: str) -> dict | None:
+        """The record ``publish_note`` kept, or None (absent, refused or unreadable: one warning)."""
+        try:
+            payload = self._get_sealed(f"{artifact_key(fingerprint, device)}-{name}",
+                                       artifact_identity(device), 1 << 20)
+            return None if payload is None else json.loads(payload)
+        except Exception as exc:  # noqa: BLE001 - a store problem must never break the run
+            log.warn_once(f"fleet-note:{type(exc).__name__}", "shared %s for %s not used (%s: %s)",
+                          name, fingerprint[:12], type(exc).__name__, exc)
+            return None
 
 
 def _publish_failed(exc: Exception) -> None:

@@ -28,6 +28,7 @@ class CompiledEntry:
     fingerprint: str
     make: Callable[[], Callable] | None  # builds the ``torch.compile`` object (``compiled``)
     failed: str = ""           # reason compile was abandoned (then the model runs eagerly)
+    slower: str = ""           # compiled measured not faster than eager here (``verdict``): eager
     runs: int = 0              # compiled apply_model calls
     graph_breaks: int = 0      # dynamo graph breaks its compiles met (``beside``)
     graphs: int = 0            # dynamo graphs compiled for it (first run + recompiles)
@@ -40,6 +41,7 @@ class CompiledEntry:
     fleet_checked: bool = False  # the shared store was asked once for this entry
     fleet_hit: bool = False
     measurement: dict = dataclasses.field(default_factory=dict)  # last Diagnostics speedup
+    trial: object = None  # verdict.Trial: compiled against eager, measured on its own steps
     precompiled: object = None  # precompiled.Precompiled: the dynamo-level warm start, if any
     _compiled: Callable | None = dataclasses.field(default=None, repr=False)
 

@@ -11,7 +11,8 @@ def remember_measurement(entry, fields: dict) -> None:
 
 
 def status_payload(compiled, node_id: str | None = None) -> dict:
-    """``state`` is one of: ``eager-fallback`` (compile failed), ``background-after-run`` (a CPU
+    """``state`` is one of: ``eager-fallback`` (compile failed), ``eager-slower`` (compiled
+    steps measured not faster than eager on this card: ``verdict``), ``background-after-run`` (a CPU
     model runs eagerly; its compile waits for the server to be idle),
     ``compiling-background`` (the model runs eagerly while a worker thread compiles it),
     ``reused`` (compiled work found
@@ -20,6 +21,8 @@ def status_payload(compiled, node_id: str | None = None) -> dict:
     e = compiled.entry
     if e.failed:
         state = "eager-fallback"
+    elif getattr(e, "slower", ""):
+        state = "eager-slower"
     elif getattr(compiled, "compile_held", False):
         state = "background-after-run"
     elif getattr(compiled, "compiling_in_background", False):
@@ -44,7 +47,7 @@ def status_payload(compiled, node_id: str | None = None) -> dict:
         "recompiles": max(0, e.graphs - e.first_run_graphs),
         "compile_seconds": round(e.compile_seconds, 3),
         "runs": e.runs,
-        "fallback_reason": e.failed,
+        "fallback_reason": e.failed or getattr(e, "slower", ""),
         "fingerprint": e.fingerprint[:12],
         "cache": ("hit" if e.cache_hits and not e.cache_misses else
                   "miss" if e.cache_misses else "none"),

@@ -2,7 +2,8 @@
 
 ``prepare()`` decides *what* to compile (regions), finds or builds the compiled callable
 (reuse registry) and returns a ``CompiledModel``. Each model call takes the first route that
-takes it (``run``): eager once the compile failed; the background route while this model's
+takes it (``run``): eager once the compile failed or was measured not faster; the pairs of
+eager and compiled steps that measure it (``verdict``); the background route while this model's
 compile is pending (``background_route``); beside another model's compile (``beside``); else
 the foreground route, which compiles where needed and runs the regions compiled
 (``foreground``). Every route has one method, ``run(diffusion_model, call, device)``, which
@@ -24,6 +25,7 @@ from .beside import Beside
 from .compiled_call import make_compiled_call
 from .foreground import Foreground
 from .state import ModelState
+from .verdict import Judge
 from ..cache.fleet import Fleet
 from ..cache.persist import PersistentCache
 from ..cache.registry import REGISTRY, CompiledEntry, ReuseRegistry
@@ -35,13 +37,15 @@ from ..torch_support import torch_compat
 
 
 class _Eager:
-    """The route of a model whose compile failed: the model's own call."""
+    """The route of a model whose compile failed, or that is not faster compiled (``verdict``):
+    the model's own call."""
 
     def __init__(self, state: ModelState):
         self.state = state
 
     def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device) -> tuple | None:
-        return (call(),) if self.state.entry.failed else None
+        e = self.state.entry
+        return (call(),) if e.failed or e.slower else None
 
 
 class CompiledModel:
@@ -49,11 +53,12 @@ class CompiledModel:
 
     memory_path: str | None = None  # the host's memory path for it (ComfyUI's dynamic VRAM), for the badge
 
-    def __init__(self, state: ModelState):
+    def __init__(self, state: ModelState, judged: bool = True):
         self.state = state
         self.background = Background(state)
-        self.routes = (_Eager(state), self.background, Beside(state, self.background),
-                       Foreground(state, self.background))
+        foreground = Foreground(state, self.background)
+        judge = (Judge(state, self.background, foreground),) if judged else ()
+        self.routes = (_Eager(state), *judge, self.background, Beside(state, self.background), foreground)
 
     settings = property(lambda self: self.state.settings)
     plan = property(lambda self: self.state.plan)
@@ -129,7 +134,8 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     ``plan``: regions chosen by the caller (e.g. ``compile_core.plan.vae``), instead of ``plan_regions``:
     such a plan compiles in the foreground (a VAE's decoder carries state from one chunk's call
     to the next, which an eager first call with its inputs captured would not see the same way)."""
-    if plan is not None and settings.background_compile:
+    own_plan = plan is not None  # (a VAE: no verdict either, its calls are chunks of unlike sizes)
+    if own_plan and settings.background_compile:
         settings = dataclasses.replace(settings, background_compile=False)
     plan = plan or plan_regions(diffusion_model, settings.blocks_only)
     fp = fingerprint(diffusion_model, plan, settings)
@@ -149,7 +155,8 @@ def prepare(diffusion_model: nn.Module, settings: CompileSettings,
     description = plan.describe(diffusion_model)
     log.info("%s [%s, mode=%s, fingerprint %s]", _prepared(entry, reused, description),
              settings.backend, settings.mode, fp[:12])
-    return CompiledModel(ModelState(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet))
+    return CompiledModel(ModelState(settings, plan, entry, reused, description, ptx_cache_dir, persistent, fleet),
+                         judged=not own_plan)
 
 
 def _prepared(entry: CompiledEntry, reused: bool, description: str) -> str:

@@ -186,6 +186,11 @@ def test_badge_formats_other_states(comfy_page, tiny_wan):
     compiling = send({**base, "state": "compiling", "graphs": 0, "compile_seconds": 0})
     assert compiling["lines"][0] == "torch.compile: compiling… (first step)"
 
+    why = "compiled steps took 1.04x eager's on NVIDIA H100 80GB HBM3, so it runs eagerly"
+    slower = send({**base, "state": "eager-slower", "fallback_reason": why})
+    assert slower["lines"][0] == "torch.compile: eager (compiled was not faster here)"
+    assert why in slower["lines"] and "1m 23s" in slower["lines"][1], slower
+
     width = page.node("apply", "n.size[0]")
     reason = ("BackendCompilerFailed: backend='inductor' raised: InvalidCxxCompiler: No working C++ "
               "compiler found in torch._inductor.config.cpp.cxx: (None, 'g++') -> fix: install a C++ "

@@ -33,6 +33,7 @@ const STATES = {
   warm: { label: "warm (compile cache)", color: "#58a6ff" },
   reused: { label: "reused (in memory)", color: "#3fb950" },
   "eager-fallback": { label: "eager fallback", color: "#f85149" },
+  "eager-slower": { label: "eager (compiled was not faster here)", color: "#9aa0a6" },
 };
 
 const BADGE = { font: "12px Arial, sans-serif", lineHeight: 16, pad: 6, margin: 6, minWidth: 270 };
@@ -125,7 +126,7 @@ function badgeFor(status) {
     lines.push(`${status.speedup.toFixed(2)}× vs eager`);
   }
   let reason;
-  if (status.state === "eager-fallback" && status.fallback_reason) {
+  if ((status.state === "eager-fallback" || status.state === "eager-slower") && status.fallback_reason) {
     reason = String(status.fallback_reason);
     lines.push(reason);
   }
