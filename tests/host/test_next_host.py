@@ -7,8 +7,11 @@ reporting 0.38.1): what a compile pack meets there that the other hosts do not.
 - ComfyUI's memory compiler (``comfy/model_prefetch.py``) is loaded: on the CPU it records
   nothing (``malloc_graph_enabled`` is False), so the pack's pause of it is a no-op here;
   with ``--disable-comfy-compiler`` the server starts and compiles the same. The pause itself is
-  tested with a fake of the module (``tests/unit/test_memory_compiler.py``); ``ck.adaln`` and
-  ``ComfyAttention.function`` run only on CUDA.
+  tested with a fake of the module (``tests/unit/test_memory_compiler.py``).
+- ``modulate()`` through comfy-kitchen's ``adaln`` op and a checkpoint's ``ComfyAttention.function``
+  run only on CUDA; a FAKE of the GPU (``TCSTestCudaPaths``) takes them on the CPU: the op
+  compiles inside the block (one new graph for both blocks), and a function set after the compile
+  is never served by the graph traced without it.
 """
 import pytest
 
@@ -45,3 +48,46 @@ def test_with_the_memory_compiler_off_the_pack_compiles_the_same(make_host, tiny
     host = make_host(extra_args=["--disable-comfy-compiler"])
     probe = _compiled_matches_eager(host, tiny_wan, "nocc")
     assert probe["pack_status"]["graphs"] >= 1 and not probe["pack_status"]["fallback_reason"]
+
+
+def _cuda_paths(tiny_wan, path, tag, apply=True):
+    """A prompt whose model goes through ``TCSTestCudaPaths`` (``path``) before Apply (or the sampler)."""
+    p = wan_t2v_prompt(tiny_wan, apply=apply, compile_settings=FAST if apply else None, prefix=f"{tag}_{path}")
+    p["cuda"] = {"class_type": "TCSTestCudaPaths", "inputs": {"model": ["loader", 0], "path": path}}
+    for node in (("apply",) if apply else ("sampler", "probe")):
+        p[node]["inputs"]["model"] = ["cuda", 0]
+    return p
+
+
+def test_kitchens_adaln_op_compiles_inside_the_block(comfy_host, tiny_wan):
+    host = comfy_host
+    try:
+        plain = host.latent(host.run(_cuda_paths(tiny_wan, "none", "ck", apply=False)))
+        eager = host.latent(host.run(_cuda_paths(tiny_wan, "adaln", "ck", apply=False)))
+        assert rel_l2(eager, plain) < 1e-5  # the op computes what the addcmul path does
+        before = host.probe(host.run(_cuda_paths(tiny_wan, "none", "ck")))["pack_status"]["graphs"]
+        offset = host.log_offset()
+        hist = host.run(_cuda_paths(tiny_wan, "adaln", "ck"))
+        status = host.probe(hist)["pack_status"]
+        assert rel_l2(host.latent(hist), eager) < 1e-3
+        # one new graph serves both blocks (modulate is a new global): a break at the op would
+        # split each block into pieces, more than one new graph
+        assert status["graphs"] == before + 1 and not status["fallback_reason"], (before, status)
+        assert not fallback_lines(host.log_text(since=offset))
+    finally:
+        host.run(_cuda_paths(tiny_wan, "none", "ck_reset", apply=False))
+
+
+def test_an_attention_function_set_after_the_compile_is_never_run_stale(comfy_host, tiny_wan):
+    host = comfy_host
+    try:
+        eager = host.latent(host.run(_cuda_paths(tiny_wan, "none", "fn", apply=False)))
+        compiled = host.latent(host.run(_cuda_paths(tiny_wan, "none", "fn")))
+        assert rel_l2(compiled, eager) < 1e-3
+        eager_fn = host.latent(host.run(_cuda_paths(tiny_wan, "attention_function", "fn", apply=False)))
+        assert rel_l2(eager_fn, eager) > 1e-2  # the stand-in attention changes the output
+        hist = host.run(_cuda_paths(tiny_wan, "attention_function", "fn"))
+        assert rel_l2(host.latent(hist), eager_fn) < 1e-3, "the graph traced without the function ran"
+        assert host.probe(hist)["comfy_attention_modules"] == 4
+    finally:
+        host.run(_cuda_paths(tiny_wan, "none", "fn_reset", apply=False))

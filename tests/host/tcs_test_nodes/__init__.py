@@ -952,3 +952,62 @@ class TCSTestKJDisableWeightCasts:
 
 NODE_CLASS_MAPPINGS[TCSTestKJDisableWeightCasts.__name__] = TCSTestKJDisableWeightCasts
 NODE_DISPLAY_NAME_MAPPINGS[TCSTestKJDisableWeightCasts.__name__] = "[test] TCSTestKJDisableWeightCasts"
+
+
+# --- TCSTestCudaPaths: the overlay host's CUDA-only paths, taken on the CPU (FAKE of the device)
+
+_CUDA_PATHS = {"modulate": None}
+
+
+def _modulate_through_kitchen(x, norm, shift, scale):
+    """FAKE of a large CUDA tensor: WAN's ``modulate`` as it runs there, through comfy-kitchen's
+    ``adaln`` op (its eager backend computes it on the CPU)."""
+    import comfy.ldm.wan.model as wan
+    import comfy.quant_ops
+    shift, scale = wan.repeat_e(shift, x), wan.repeat_e(scale, x)
+    return comfy.quant_ops.ck.adaln(x, scale, shift, norm.eps)
+
+
+def _stand_in_attention(q, k, v, *args, **kwargs):
+    """FAKE of a checkpoint's ``ComfyAttention.function`` (comfy-kitchen int8 attention, CUDA
+    only): ComfyUI's own attention on a query scaled by 0.5, so its output differs from the
+    default's and a stale compiled graph would show."""
+    import comfy.ldm.modules.attention as attention
+    q, k, v = (t.take() if isinstance(t, attention.AttentionTensorContainer) else t for t in (q, k, v))
+    return attention.attention_pytorch(q * 0.5, k, v, *args, **kwargs)
+
+
+class TCSTestCudaPaths:
+    """TEST-ONLY, a FAKE of the GPU: makes the overlay's CUDA-only paths run on the CPU.
+    ``adaln``: WAN's ``modulate`` calls comfy-kitchen's ``adaln`` op at every size and device
+    (process-wide, in this test server); ``attention_function``: every ``ComfyAttention`` of the
+    model gets a function, as a checkpoint with an attention config gives it on CUDA; ``none``
+    puts both back. Runs at every prompt; returns the model unchanged (not a clone: the function
+    is the model's own attribute, as ComfyUI sets it at load)."""
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "take"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",),
+                             "path": (["none", "adaln", "attention_function"], {"default": "none"})}}
+
+    @classmethod
+    def IS_CHANGED(cls, **_kwargs):
+        return float("nan")
+
+    def take(self, model, path):
+        import comfy.ldm.wan.model as wan
+        from comfy.ldm.modules.attention import ComfyAttention
+        if _CUDA_PATHS["modulate"] is None:
+            _CUDA_PATHS["modulate"] = wan.modulate
+        wan.modulate = _modulate_through_kitchen if path == "adaln" else _CUDA_PATHS["modulate"]
+        for m in model.model.diffusion_model.modules():
+            if isinstance(m, ComfyAttention):
+                m.function = _stand_in_attention if path == "attention_function" else None
+        return (model,)
+
+
+NODE_CLASS_MAPPINGS[TCSTestCudaPaths.__name__] = TCSTestCudaPaths
+NODE_DISPLAY_NAME_MAPPINGS[TCSTestCudaPaths.__name__] = "[test] TCSTestCudaPaths"
