@@ -106,7 +106,6 @@ class Precompiled:
         self.captured = 0
         self._keys: dict[int, str] = {}
         self._keyed: tuple = ()  # (device type, module ids) that ``_keys`` was made for
-        self._taken: tuple | None = None  # (module, args, kwargs, region) of the last ``takes``
         self._unused: dict[str, list[saved_region._Region]] = {}  # loaded from disk, no call accepted yet
         self._in_use: set[str] = set()  # variant file names loaded or saved here: never overwritten
         self.scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
@@ -149,8 +148,7 @@ class Precompiled:
         """Run one region call on the fast path when it applies, else ``mark()`` + ``regular``."""
         key = self._keys.get(id(module))
         if key and key not in self.regular:
-            region = self._just_taken(module, args, kwargs) or self._find(key, module, args, kwargs) \
-                or self._capture(key, module, args, kwargs, mark)
+            region = self._find(key, module, args, kwargs) or self._capture(key, module, args, kwargs, mark)
             if region is not None and region.ran:
                 return region.fn.fn(module, *args, **kwargs)
             if region is not None:  # its first call may still build kernels: in the cache folders
@@ -161,38 +159,6 @@ class Precompiled:
         mark()
         with self.scope():
             return regular(module, *args, **kwargs)
-
-    def takes(self, module: nn.Module, args: tuple, kwargs: dict) -> bool | None:
-        """Whether ``call`` runs this region call without a trace: True (a variant accepts
-        it), False (it would trace a new variant), None (the regular path runs it)."""
-        key = self._keys.get(id(module))
-        if not key or key in self.regular:
-            return None
-        region = self._find(key, module, args, kwargs)
-        if region is not None:
-            self._taken = (module, args, kwargs, region)  # ``call`` on these very objects: no recheck
-            return True
-        return False if len(self.regions[key]) + len(self._unused.get(key, ())) < self.VARIANTS else None
-
-    def takes_ready(self, module: nn.Module, args: tuple, kwargs: dict) -> bool | None:
-        """Like ``takes``, from the variants in use whose kernels are built (they have run):
-        no load, no trace, no scope. None: the regular path runs this region."""
-        key = self._keys.get(id(module))
-        if not key or key in self.regular:
-            return None
-        region = next((r for r in self.regions.get(key, ()) if r.ran and r.accepts(module, args, kwargs)), None)
-        if region is not None:
-            self._taken = (module, args, kwargs, region)
-        return region is not None
-
-    def _just_taken(self, module: nn.Module, args: tuple, kwargs: dict) -> saved_region._Region | None:
-        """The variant ``takes`` found for this very call (the same module, argument tuple and
-        keyword dict, checked just before on this thread: ``new_shapes`` then ``shapes``), so
-        its guards do not run twice. Used once."""
-        taken, self._taken = self._taken, None
-        if taken is not None and taken[0] is module and taken[1] is args and taken[2] is kwargs:
-            return taken[3]
-        return None
 
     def _find(self, key, module, args, kwargs) -> saved_region._Region | None:
         """The first variant whose guards accept this call (loading the saved ones once)."""

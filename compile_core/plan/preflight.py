@@ -35,8 +35,6 @@ def torch_features() -> dict[str, bool]:
         "isolate_recompiles": torch_compat.isolate_recompiles(),
         "compile_recompile_limit": torch_compat.recompile_limit_kwarg(),
         "guard_filter_fn": torch_compat.guard_filter_fn(),
-        "mark_unbacked": torch_compat.mark_unbacked(),
-        "nested_compile_region": torch_compat.nested_compile_region(),
         "cache_artifacts": aot.cache_artifacts(),
         "aot_compile": aot.aot_compile_knobs() is not None,
         "load_compiled_function": aot.load_compiled_function(),

@@ -258,21 +258,13 @@ def mark(marks: list[list[tuple[torch.Tensor, int]]]) -> None:
 
 
 def shaped_call(compiled: Callable, module: nn.Module, shaper: InputShaper, fast=None,
-                memo: dict | None = None, miss=None) -> Callable:
+                memo: dict | None = None) -> Callable:
     """The ``_compiled_call_impl`` for one module: shape its inputs, then call ``compiled``, or
     ``fast`` (a ``precompiled.Precompiled``) when it has the region. Marks are applied only
     before a call that may trace: a function loaded by torch's AOT API rejects marked inputs.
-    ``memo``: shared by the modules of one model call (``InputShaper.__call__``). ``miss``
-    (a ``new_shapes.EagerOnMiss``): a call no compiled graph takes runs eagerly instead."""
+    ``memo``: shared by the modules of one model call (``InputShaper.__call__``)."""
     def call(*args, **kwargs):
-        if miss is not None:
-            shaped, shaped_kwargs, marks = shaper(module, args, kwargs, memo)
-            eager = miss.run(module, args, kwargs, shaped, shaped_kwargs, fast)
-            if eager is not None:
-                return eager[0]
-            args, kwargs = shaped, shaped_kwargs
-        else:
-            args, kwargs, marks = shaper(module, args, kwargs, memo)
+        args, kwargs, marks = shaper(module, args, kwargs, memo)
         if fast is not None:
             return fast.call(module, args, kwargs, lambda: mark(marks), compiled)
         if memo is None:

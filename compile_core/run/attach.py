@@ -16,13 +16,13 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
              policy: str = "auto", whole_model: bool = False,
              fast: precompiled.Precompiled | None = None,
              shapers: dict[type, shapes.InputShaper] | None = None,
-             miss=None, failures: list | None = None) -> Iterator[None]:
+             failures: list | None = None) -> Iterator[None]:
     """Route each module's ``__call__`` through ``compiled`` (or ``fast`` where it has the
     region) for the duration of the block, with its inputs prepared by the shape policy.
     The hook is ``_compiled_call_impl`` (what ``nn.Module.compile()`` uses, so state_dict keys
     stay clean), removed afterwards: the shared model is untouched between calls.
     ``shapers`` (per region class) may be kept by the caller from one call to the next;
-    ``miss``: see ``shapes.shaped_call``; ``failures``: see ``eager_on_failure``."""
+    ``failures``: see ``eager_on_failure``."""
     saved = []
     shapers = {} if shapers is None else shapers
     memo: dict = {}  # inputs every block receives are prepared once per call (shapes.InputShaper)
@@ -30,7 +30,7 @@ def attached(modules: list[nn.Module], compiled: Callable, family: str = "",
         for m in modules:
             shaper = shaper_for(shapers, m, family, policy, whole_model)
             saved.append((m, m.__dict__.get("_compiled_call_impl", _MISSING)))
-            region = shapes.shaped_call(compiled, m, shaper, fast, memo, miss)
+            region = shapes.shaped_call(compiled, m, shaper, fast, memo)
             m.__dict__["_compiled_call_impl"] = region if failures is None else eager_on_failure(region, m, failures)
         yield
     finally:

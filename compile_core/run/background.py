@@ -55,13 +55,12 @@ class Job:
         self.context = contextvars.copy_context()
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.result = None  # what ``fn`` returned
         self.failure = ""  # ``error`` explained, where it is a compile failure (``fallback``)
         self.queued = time.perf_counter()
         self.seconds = 0.0  # how long the worker ran it
         self.eager_calls = 0  # model calls that ran eagerly while it was pending
-        self.beside_calls = 0  # model calls that ran beside it, eagerly or not (``note_beside``)
-        self.what = ""  # what it compiles, for the log ("the first input", "a new input")
-        self.result = None  # what ``fn`` returned
+        self.beside_calls = 0  # other models' calls that ran eagerly beside it (``note_beside``)
         self.on_done: Callable[[], None] | None = None  # called on the worker once ``done`` is set
 
     def _run(self) -> None:
@@ -197,22 +196,16 @@ def submit(fn: Callable[[], None], label: str, yields: bool = False) -> Job:
     return WORKER.submit(Job(fn, label, yields))
 
 
-def note_beside(description: str, eager_why: str = "") -> None:
-    """Count a model call that runs beside another model's compile running now, and say so at
-    the first (no call beside it is left unsaid): on its own graphs (``beside``), or eagerly
-    and why (``eager_why``)."""
-    job = WORKER.current
+def note_beside(description: str) -> None:
+    """Count a model call that runs eagerly beside another model's compile running now, and
+    say so at the first (no call beside it is left unsaid)."""
+    job = next((j for j in list(WORKER._jobs) if not j.done.is_set()), None)  # (in queue order)
     if job is None:
         return
     job.beside_calls += 1
-    if job.beside_calls > 1:
-        return
-    if eager_why:
-        log.info("%s runs eagerly while %s compiles in the background (%s; nothing waits for "
-                 "that compile; compiled calls resume when it is done)", description, job.label, eager_why)
-    else:
-        log.info("%s runs its compiled graphs while %s compiles in the background (a call none of "
-                 "them takes runs uncompiled; nothing waits for that compile)", description, job.label)
+    if job.beside_calls == 1:
+        log.info("%s runs eagerly while %s compiles in the background (nothing waits for that "
+                 "compile; compiled calls resume when it is done)", description, job.label)
 
 
 def busy() -> bool:

@@ -1,6 +1,7 @@
 """The background route: the first call runs eagerly and queues the compile on the worker; the
-calls after it run eagerly (or beside the worker) until the compile is swapped in at a model
-call boundary. New inputs of a compiled model compile the same way (``new_shapes``)."""
+calls after it run eagerly until the compile is swapped in at a model call boundary. While the
+worker compiles another model (WAN 2.2's two models, say), a compiled model's calls run eagerly
+too: nothing on the sampling thread waits for a compile, and none compiles there."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +12,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from . import background, beside, compile_pass, new_shapes
+from . import background, compile_pass
 from .attach import region_variant
 from .state import ModelState
 from ..plan import shapes
@@ -27,7 +28,6 @@ class Background:
         self.retry = False  # it stopped on something other than a compile failure: try again
         self.foreground_depth = 0  # inside ``CompiledModel.foreground()``: compile on the caller's thread
         self.swapped_at: int | None = None  # the model call at which the compile took over
-        self.miss_off = False  # new inputs compile in the foreground (see ``swap``)
         self.worker_context: Callable | None = None  # of the current call (see ``CompiledModel.run``)
         self.captured: tuple | None = None  # (captured region calls, worker context) the queued job takes
         # called on the worker when a background compile of this model is done (the bridge sends
@@ -50,9 +50,9 @@ class Background:
         return job is not None and job.yields and not job.started.is_set()
 
     def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device) -> tuple | None:
-        """``(output,)`` of a call that ran eagerly while this model's compile is pending, or
-        None when the call takes another route (compiled: the job is done and swapped in here;
-        beside another model's compile)."""
+        """``(output,)`` of a call that ran eagerly while a compile is pending (this model's or
+        another's), or None when the call takes the compiled route (the job is done and swapped
+        in here, or was before)."""
         if not self.active:
             return None
         job = self.job
@@ -69,11 +69,26 @@ class Background:
             return (call(),) if self.state.entry.failed or self.retry else None
         if job is not None and not job.done.is_set():  # this model's compile runs: eagerly
             job.eager_calls += 1
-            try:
-                return (background.eager_beside_worker(call),)
-            except torch.OutOfMemoryError as exc:  # (on a GPU the compile runs the regions too)
-                return (beside.after_the_compile(self.state.description, call, device, exc),)
+            return (self._eager_beside(call, device),)
+        if background.busy():  # another model's compile runs (its scope is process-wide): eagerly
+            background.note_beside(self.state.description)
+            return (self._eager_beside(call, device),)
         return None
+
+    def _eager_beside(self, call: Callable[[], object], device: torch.device):
+        """The call, eagerly, beside the worker's compile. Out of memory beside it (on a GPU
+        the compile runs the model once on the same device): it waits for that compile, then
+        runs again, alone (a model call changes no state), so the prompt completes."""
+        try:
+            return background.eager_beside_worker(call)
+        except torch.OutOfMemoryError as exc:
+            log.warning("%s ran out of memory beside a background compile; it runs again once that "
+                        "compile is done: %s", self.state.description,
+                        str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+            background.wait_idle()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            return call()
 
     @contextlib.contextmanager
     def in_foreground(self) -> Iterator[None]:
@@ -96,12 +111,12 @@ class Background:
         if not captured:  # nothing reached the regions: compile in the foreground next call
             self.done = True
             return out
-        self.queue(captured, device, "the first input")
+        self.queue(captured, device)
         log.info("compiling %s in the background; the model runs eagerly until it is ready",
                  self.state.description)
         return out
 
-    def queue(self, captured: list, device: torch.device, what: str) -> None:
+    def queue(self, captured: list, device: torch.device) -> None:
         """Queue the compile of ``captured`` on the worker (this call ran them eagerly). A CPU
         model's compile waits for an idle server (``background``), unless its regions are saved (loading
         them takes a fraction of a second)."""
@@ -113,29 +128,11 @@ class Background:
         ref = weakref.ref(self)
         self.job = background.submit(functools.partial(_queued_compile, ref, device),
                                      self.state.description, yields=yields)
-        self.job.eager_calls, self.job.what, self.state.changed = 1, what, True
+        self.job.eager_calls, self.state.changed = 1, True
         self.job.on_done = functools.partial(_background_done, ref)
         if yields:
             log.info("%s runs on the CPU, whose cores its eager steps use: its background "
                      "compile starts once the server is idle", self.state.description)
-
-    def probe(self) -> "new_shapes.EagerOnMiss | None":
-        """In background mode, once compiled: a region call no graph takes runs eagerly and
-        its compile is queued (``new_shapes``), where this torch can tell."""
-        if not self.state.settings.background_compile or self.foreground_depth or self.miss_off:
-            return None
-        if not new_shapes.EagerOnMiss.available():
-            log.info_once("miss-probe-unavailable", "torch %s: a new input of a model compiled in "
-                          "the background compiles on the sampling thread (its graphs' guards "
-                          "cannot be checked ahead here)", torch.__version__)
-            return None
-        return new_shapes.EagerOnMiss(self.state.entry.compiled, region_variant)
-
-    def queue_missed(self, miss, device: torch.device) -> None:
-        if miss is not None and miss.captured:
-            self.queue(list(miss.captured.values()), device, "a new input")
-            log.info("%d region call(s) of %s got an input no compiled graph takes: they ran "
-                     "eagerly, and it compiles in the background", miss.eager_regions, self.state.description)
 
     def compile_captured(self, captured: list, device: torch.device, context=None) -> int:
         """On the worker: compile each captured region by calling it, compiled, on its inputs
@@ -171,10 +168,6 @@ class Background:
                         "eagerly (output unchanged). %s", s.entry.failed)
             return
         self.swapped_at = job.eager_calls + 1
-        if job.what == "a new input" and not job.result:
-            self.miss_off = True  # told "a compile is needed" where none was: stop asking
-            log.info_once("miss-probe-off", "the background compile of a new input of %s compiled "
-                          "nothing new; its new inputs now compile on the calling thread", s.description)
         log.info("background compile of %s done in %.1f s; swapped in at model call %d "
                  "(%d call(s) ran eagerly meanwhile)", s.description, job.seconds,
                  job.eager_calls + 1, job.eager_calls)

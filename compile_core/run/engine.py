@@ -3,11 +3,11 @@
 ``prepare()`` decides *what* to compile (regions), finds or builds the compiled callable
 (reuse registry) and returns a ``CompiledModel``. Each model call takes the first route that
 takes it (``run``): eager once the compile failed or was measured not faster; the pairs of
-eager and compiled steps that measure it (``verdict``); the background route while this model's
-compile is pending (``background_route``); beside another model's compile (``beside``); else
-the foreground route, which compiles where needed and runs the regions compiled
-(``foreground``). Every route has one method, ``run(diffusion_model, call, device)``, which
-returns ``(output,)`` or None (not this route's call).
+eager and compiled steps that measure it (``verdict``); the background route while a compile
+is pending, this model's or another's (``background_route``: eagerly); else the foreground
+route, which compiles where needed and runs the regions compiled (``foreground``). Every route
+has one method, ``run(diffusion_model, call, device)``, which returns ``(output,)`` or None
+(not this route's call).
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from .background_route import Background
-from .beside import Beside
 from .compiled_call import make_compiled_call
 from .foreground import Foreground
 from .state import ModelState
@@ -56,9 +55,9 @@ class CompiledModel:
     def __init__(self, state: ModelState, judged: bool = True):
         self.state = state
         self.background = Background(state)
-        foreground = Foreground(state, self.background)
+        foreground = Foreground(state)
         judge = (Judge(state, self.background, foreground),) if judged else ()
-        self.routes = (_Eager(state), *judge, self.background, Beside(state, self.background), foreground)
+        self.routes = (_Eager(state), *judge, self.background, foreground)
 
     settings = property(lambda self: self.state.settings)
     plan = property(lambda self: self.state.plan)

@@ -13,11 +13,10 @@ from ..report import log
 
 
 class Foreground:
-    """Runs a model call on the compiled path; ``misses`` (the background route) may send a
-    region call no graph takes to an eager run and a background compile instead."""
+    """Runs a model call on the compiled path."""
 
-    def __init__(self, state: ModelState, misses):
-        self.state, self.misses = state, misses
+    def __init__(self, state: ModelState):
+        self.state = state
 
     def run(self, diffusion_model: nn.Module, call: Callable[[], object], device: torch.device) -> tuple:
         if background.busy():  # its compile scope's environment is process-wide: wait
@@ -30,12 +29,11 @@ class Foreground:
         warm = bool(ptx and not s.warmed and s.settings.warmup_runs)
         p = compile_pass.begin(s, modules, device, keep_keys=s.sampling_run > 1, scope=scope, warm=warm)
         s.sampling_run += s.sampling_run == 1  # the run's first call keyed them
-        miss = self.misses.probe()
         failure, failures = "", []
         host = s.compile_context(device) if s.compile_context and not s.ran else contextlib.nullcontext()
         try:
             with host, (contextlib.nullcontext() if p.lazy_scope else scope.active()), \
-                    s.attached(modules, p.fast, miss, failures):
+                    s.attached(modules, p.fast, failures):
                 s.warm_if_first(call, device, warm)
                 out = call()
         except Exception as exc:  # noqa: BLE001 - classified right below
@@ -52,5 +50,4 @@ class Foreground:
             return (s.fell_back(failure, call(), "the model call ran again, eagerly"),)
         first, s.ran = not s.ran, True
         s.changed = compile_pass.finish(s, p, device) or first or s.changed  # (a swap)
-        self.misses.queue_missed(miss, device)
         return (out,)

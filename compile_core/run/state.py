@@ -46,10 +46,10 @@ class ModelState:
     def fingerprint(self) -> str:
         return self.entry.fingerprint
 
-    def attached(self, modules: list[nn.Module], fast=None, miss=None, failures: list | None = None):
+    def attached(self, modules: list[nn.Module], fast=None, failures: list | None = None):
         """``attach.attached`` with this model's compiled callable, plan and shape policy."""
         return attach.attached(modules, self.entry.compiled, self.plan.family, self.settings.shape_policy,
-                               not self.plan.regional, fast, self.shapers, miss, failures)
+                               not self.plan.regional, fast, self.shapers, failures)
 
     def shaper(self, module: nn.Module):
         return attach.shaper_for(self.shapers, module, self.plan.family, self.settings.shape_policy,

@@ -94,9 +94,3 @@ def _probe(fn: Callable[[], bool]) -> bool:
 
 def _sin2(x):
     return x.sin() * 2
-
-
-def answered(probe: Callable[[], object]) -> object | None:
-    """A start-up probe's answer if it has run, else None (without running it: a probe holds
-    dynamo's compile lock, which a compile on another thread may hold for minutes)."""
-    return probe() if probe.cache_info().currsize else None

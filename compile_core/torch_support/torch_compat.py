@@ -11,7 +11,7 @@ records are restored afterwards, so a probe that runs inside a measured model ca
 counted as the model's graphs. Supported: torch 2.8 to 2.15 (``MIN_VERSION``..``NEWEST_TESTED``).
 
 The probes of compiling live here; those of saving and loading compiled code in ``aot``, the
-guard check in ``guards``, the weight-fetch op in ``weight_fetch``, and their shared helpers in
+weight-fetch op in ``weight_fetch``, and their shared helpers in
 ``probing``. ``features`` lists every probe's answer.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from . import aot, guards, probe_memo, probing, weight_fetch
+from . import aot, probe_memo, probing, weight_fetch
 from .probing import _Counter, _fresh, _probe, _sin2
 
 MIN_VERSION = (2, 8)
@@ -103,22 +103,6 @@ def isolate_recompiles() -> bool:
 
 
 @probe_memo.remembered
-def mark_unbacked() -> bool:
-    """``torch._dynamo.decorators.mark_unbacked``: one graph serves two sizes."""
-    def run():
-        from torch._dynamo.decorators import mark_unbacked as mark
-        c = _Counter()
-        compiled = torch.compile(_fresh(_sin2), backend=c)
-        for n in (3, 5):
-            x = torch.randn(n)
-            mark(x, 0)
-            if not torch.equal(compiled(x), _sin2(x)):
-                return False
-        return c.graphs == 1
-    return _probe(run)
-
-
-@probe_memo.remembered
 def guard_filter_fn() -> bool:
     """``options={"guard_filter_fn": f}``: torch calls ``f`` with the guards it builds."""
     def run():
@@ -130,20 +114,6 @@ def guard_filter_fn() -> bool:
         x = torch.randn(3)
         out = torch.compile(_fresh(_sin2), backend="eager", options={"guard_filter_fn": keep_all})(x)
         return torch.equal(out, _sin2(x)) and bool(seen)
-    return _probe(run)
-
-
-@probe_memo.remembered
-def nested_compile_region() -> bool:
-    """``torch.compiler.nested_compile_region`` wraps a function that compiles and runs."""
-    def run():
-        region = torch.compiler.nested_compile_region(_fresh(_sin2))
-
-        def outer(x):
-            return region(x) + region(x)
-        x = torch.randn(3)
-        return torch.allclose(torch.compile(_fresh(outer), backend="eager", fullgraph=True)(x),
-                              _sin2(x) * 2)
     return _probe(run)
 
 
@@ -216,16 +186,13 @@ FEATURES: dict[str, Callable[[], object]] = {
     "isolate_recompiles": isolate_recompiles,
     "recompile_limit_kwarg": recompile_limit_kwarg,
     "recompile_limit_knob": recompile_limit_knob,
-    "mark_unbacked": mark_unbacked,
     "guard_filter_fn": guard_filter_fn,
     "aot_compile": lambda: aot.aot_compile_knobs() is not None,
     "aot_compile_needs_enable_aot_compile": lambda: bool(aot.aot_compile_knobs()),
     "load_compiled_function": aot.load_compiled_function,
     "backed_size_oblivious_safe": backed_size_oblivious_safe,
-    "nested_compile_region": nested_compile_region,
     "cache_artifacts": aot.cache_artifacts,
     "opaque_weight_fetch": weight_fetch.opaque_weight_fetch,
-    "guard_check": guards.guard_check,
 }
 
 

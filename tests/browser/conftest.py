@@ -21,7 +21,10 @@ for p in (HERE, HOST_DIR):  # ``import cdp`` / ``import harness`` under any --im
 
 import cdp  # noqa: E402
 from cdp import Chromium, find_chromium  # noqa: E402
+import harness  # noqa: E402
 from harness import ComfyHost  # noqa: E402
+
+harness.API_NODES = False  # (no test uses ComfyUI's API nodes; a start without them is shorter)
 
 ARTIFACTS = HERE / "artifacts"
 PAGE_TIMEOUT = 90.0  # page load + frontend start; the 2-core CI machine may be busy

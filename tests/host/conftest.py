@@ -8,7 +8,10 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # so ``import harness`` works under any --import-mode
     sys.path.insert(0, str(HERE))
 
+import harness  # noqa: E402
 from harness import ComfyHost  # noqa: E402
+
+harness.API_NODES = False  # (no test uses ComfyUI's API nodes; a start without them is shorter)
 
 
 def pytest_configure(config):

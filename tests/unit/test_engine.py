@@ -128,6 +128,28 @@ def test_whole_model_compile_when_blocks_only_is_off(wan, wan_inputs, graph_coun
     assert not any("_orig_mod" in k for k in model.state_dict())
 
 
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+def test_two_compiles_with_the_same_settings_share_their_graphs_as_dynamo_does(graph_count):
+    """What ``compiled_call`` relies on: dynamo keeps graphs per code object, so a second
+    ``torch.compile`` of ``_call_impl`` with the same settings runs the first one's graph."""
+    fwd = _Block.forward
+    cls = type("FreshBlock", (_Block,), {"forward": type(fwd)(fwd.__code__.replace(), fwd.__globals__)})
+    block, x = cls(), torch.randn(2, 4)
+    torch.compile(nn.Module._call_impl, backend="eager", dynamic=False)(block, x)
+    g0 = graph_count()
+    again = torch.compile(nn.Module._call_impl, backend="eager", dynamic=False)
+    torch.testing.assert_close(again(block, x), block.lin(x).relu())
+    assert graph_count() == g0  # no compile
+
+
 def test_similar_model_reuses_compiled_work(wan, wan_inputs, graph_count):
     x, t = wan_inputs()
     torch.manual_seed(0)

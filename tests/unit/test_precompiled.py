@@ -360,27 +360,6 @@ class CountingRegion:
         return args[0]
 
 
-def test_a_call_takes_checked_ahead_runs_its_guards_once(tmp_path):
-    """Background mode asks ``takes`` before each block call, then ``call`` runs it: the
-    variant found for these very objects is reused, any other call is checked again."""
-    fast, block, fake = precompiled.Precompiled(tmp_path, {}), tiny.build().blocks[0], CountingRegion()
-    fast.begin_run([block], torch.device("cpu"))
-    key = fast._keys[id(block)]
-    fast.regions[key] = [saved_region._Region(fake, saved_guards.GlobalChecks.capture([], {}),
-                                             saved_guards.LocalChecks([], []))]
-    args, kwargs = (torch.randn(2, 4, 32),), {}
-
-    def regular(*a, **k):
-        raise AssertionError("the saved region takes it")
-    assert fast.takes(block, args, kwargs) is True and fake.checks == 1
-    assert fast.call(block, args, kwargs, lambda: None, regular) is args[0] and fake.checks == 1
-    fast.call(block, args, kwargs, lambda: None, regular)  # not asked ahead: checked
-    assert fake.checks == 2
-    fast.takes(block, args, kwargs)
-    fast.call(block, (args[0],), kwargs, lambda: None, regular)  # other objects: checked
-    assert fake.checks == 4
-
-
 def test_the_direct_guard_check_answers_as_torchs_guard_check(tmp_path):
     """A captured region's guards, checked without binding the call to its signature
     (``saved_guards.guard_checker``), accept and reject exactly the calls torch's own
@@ -446,7 +425,7 @@ def test_the_saved_regions_enter_the_run_scope_only_where_it_is_needed(tmp_path)
     fast.begin_run(blocks, torch.device("cpu"), scope=scope)
     args, kwargs = (torch.randn(2, 4, 32),), {}
     key = fast._keys[id(blocks[0])]
-    assert fast.takes(blocks[0], args, kwargs) is False and scope.entered == 1  # looked for saved files
+    assert fast._find(key, blocks[0], args, kwargs) is None and scope.entered == 1  # looked for saved files
     fast.regions[key] = [saved_region._Region(fake, saved_guards.GlobalChecks.capture([], {}),
                                              saved_guards.LocalChecks([], []))]
 

@@ -17,28 +17,26 @@ from compile_core.run import compiled_call, engine
 from compile_core.torch_support import inductor_names, scoped
 from compile_core.cache import precompiled
 from compile_core.plan import knobs, preflight, shapes
-from compile_core.torch_support import aot, guards, probing, scoped, torch_compat as tc, weight_fetch
+from compile_core.torch_support import aot, probing, scoped, torch_compat as tc, weight_fetch
 from compile_core.plan.settings import CompileSettings, build_compile_args
 
 from tcs_engine_helpers import eager, run, settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROBES = [tc.compile_works, tc.isolate_recompiles, tc.recompile_limit_kwarg, tc.recompile_limit_knob,
-          tc.mark_unbacked, tc.guard_filter_fn, aot.aot_compile_knobs, aot.load_compiled_function,
-          tc.backed_size_oblivious_safe, tc.nested_compile_region, aot.cache_artifacts,
-          weight_fetch.opaque_weight_fetch, guards.guard_check]
+          tc.guard_filter_fn, aot.aot_compile_knobs, aot.load_compiled_function,
+          tc.backed_size_oblivious_safe, aot.cache_artifacts,
+          weight_fetch.opaque_weight_fetch]
 
 
 # ----------------------------------------------------------------- this torch
 
 _ALL = {"compile": True, "isolate_recompiles": True, "recompile_limit_kwarg": True,
-        "recompile_limit_knob": "recompile_limit", "mark_unbacked": True, "guard_filter_fn": True,
+        "recompile_limit_knob": "recompile_limit", "guard_filter_fn": True,
         "aot_compile": True, "aot_compile_needs_enable_aot_compile": False,
         "load_compiled_function": True, "backed_size_oblivious_safe": True,
-        "nested_compile_region": True, "cache_artifacts": True, "opaque_weight_fetch": True,
-        "guard_check": True}
+        "cache_artifacts": True, "opaque_weight_fetch": True}
 _OLD = {**_ALL, "isolate_recompiles": False, "recompile_limit_kwarg": False, "opaque_weight_fetch": False,
-        "guard_check": False,
         "aot_compile_needs_enable_aot_compile": True, "load_compiled_function": False,
         "backed_size_oblivious_safe": False}
 # What the probes answered, per torch they were run on (docs/how-it-works.md: torch versions).
