@@ -14,6 +14,9 @@ Rows built so far (tier A of the plan; the others are named in the results as no
 - ``B``: bf16, WAN 2.1 1.3B dims, 4 blocks, latent 21x60x104 (32,760 tokens), with the pack's
   and core's first call in a fresh process on the same caches (restart s);
 - ``F``: bf16, WAN 14B dims (5120 / 13824, 40 heads), 1 block, the same latent;
+- ``G8``: GGUF Q8_0 through ComfyUI-GGUF's ops (``gpu_matrix_gguf``), 14B dims, 1 block, image
+  size (latent 1x60x104, 1,560 tokens); no floor yet (an image row's is bytes moved over the
+  copy bandwidth, not measured);
 - ``A1``: the floor: SDPA on the self-attention shape for the flash, cuDNN and efficient
   kernels (``torch.nn.attention.sdpa_kernel``), cuBLAS on the block's GEMM shapes; a video
   row's ``floor_ms`` = its attention FLOPs / the fastest SDPA rate + its GEMM FLOPs / the
@@ -21,7 +24,7 @@ Rows built so far (tier A of the plan; the others are named in the results as no
 - ``P``: row B's three variants profiled (``torch.profiler``), one step each, by kernel class:
   attention, GEMM, Triton, other, and the gaps between kernels.
 
-    python benchmarks/gpu_matrix.py                       # rows B,F,A1,P on CUDA
+    python benchmarks/gpu_matrix.py                       # rows A1,B,F,G8,P on CUDA
     python benchmarks/gpu_matrix.py --tiny --device cpu   # every row at toy dims (CI runs this)
 
 Writes ``gpu_matrix.json`` and ``.md`` into ``--out-dir`` (default ``benchmarks/results``)
@@ -50,24 +53,26 @@ DIMS = {"1.3B": {"dim": 1536, "ffn_dim": 8960, "num_heads": 12},
 TEXT = {"text_dim": 4096, "text_len": 512}
 TINY_TEXT = {"text_dim": 64, "text_len": 16}
 VIDEO, TINY_LATENT = (21, 60, 104), (2, 8, 8)
+IMAGE, TINY_IMAGE = (1, 60, 104), (1, 8, 8)
 ROWS = {"B": {"dims": "1.3B", "blocks": 4, "format": "bf16", "restart": True},
-        "F": {"dims": "14B", "blocks": 1, "format": "bf16", "restart": False}}
-BUILT = ("B", "F", "A1", "P")
-NOT_BUILT = {"G8": "GGUF Q8_0 through ComfyUI-GGUF's ops, 14B dims, image size",
-             "L": "bf16 with a rank-64 LoRA on every Linear, partial load of half the block",
+        "F": {"dims": "14B", "blocks": 1, "format": "bf16", "restart": False},
+        "G8": {"dims": "14B", "blocks": 1, "format": "gguf_q8_0", "restart": False, "image": True}}
+BUILT = ("B", "F", "G8", "A1", "P")
+NOT_BUILT = {"L": "bf16 with a rank-64 LoRA on every Linear, partial load of half the block",
              "K": "comfy-kitchen's CUDA backend off", "C1": "fp8_e4m3fn manual cast",
              "C1s": "fp8_scaled", "C2": "--fast fp8_matrix_mult", "G4": "GGUF Q4_K",
              "S": "SageAttention", "D": "dynamic VRAM on"}
 ROW_KEYS = ("row", "format", "tokens", "eager_ms", "pack_ms", "core_ms", "floor_ms", "pack_rel_l2",
             "eager_peak_gb", "pack_peak_gb", "pack_compile_s", "core_compile_s", "pack_restart_s",
             "core_restart_s")
-LIMITS = {"B": 300, "F": 200, "A1": 60, "P": 120}
+LIMITS = {"B": 300, "F": 200, "G8": 240, "A1": 60, "P": 120}
 
 
 # --------------------------------------------------------------------------- the model
 
-def build(dims: str, blocks: int, device, dtype, tiny: bool):
-    """ComfyUI's WanModel (T2V) at ``dims``, random weights (``gpu_wan_bf16.randomise``)."""
+def build(dims: str, blocks: int, device, dtype, tiny: bool, fmt: str = "bf16"):
+    """ComfyUI's WanModel (T2V) at ``dims``, random weights (``gpu_wan_bf16.randomise``); a GGUF
+    ``fmt`` quantizes them (``gpu_matrix_gguf``)."""
     sys.path.insert(0, str(_host()))
     sys.argv = [sys.argv[0], "--use-pytorch-cross-attention"] + (["--cpu"] if str(device) == "cpu" else [])
     import comfy.options
@@ -75,10 +80,16 @@ def build(dims: str, blocks: int, device, dtype, tiny: bool):
     import comfy.ops
     from comfy.ldm.wan.model import WanModel
     text = TINY_TEXT if tiny else TEXT
-    m = WanModel(model_type="t2v", num_layers=blocks, in_dim=16, out_dim=16, text_dim=text["text_dim"],
-                 device=device, dtype=dtype, operations=comfy.ops.disable_weight_init, **DIMS[dims])
+
+    def wan(operations, on=device):
+        return WanModel(model_type="t2v", num_layers=blocks, in_dim=16, out_dim=16, text_dim=text["text_dim"],
+                        device=on, dtype=dtype, operations=operations, **DIMS[dims])
+    m = wan(comfy.ops.disable_weight_init, "cpu" if fmt.startswith("gguf") else device)
     sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
     randomise(m, seed=0)
+    if fmt.startswith("gguf"):
+        from gpu_matrix_gguf import gguf_model
+        return gguf_model(lambda ops: wan(ops, "cpu"), m, fmt, device)
     return m.eval()
 
 
@@ -191,8 +202,8 @@ def row_setup(args, name: str):
     import torch
     spec = ROWS[name]
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    latent = TINY_LATENT if args.tiny else VIDEO
-    model = build("tiny" if args.tiny else spec["dims"], spec["blocks"], device, dtype, args.tiny)
+    latent = (TINY_IMAGE if args.tiny else IMAGE) if spec.get("image") else (TINY_LATENT if args.tiny else VIDEO)
+    model = build("tiny" if args.tiny else spec["dims"], spec["blocks"], device, dtype, args.tiny, spec["format"])
     return torch, device, model, inputs(latent, args.tiny, device, dtype), Clock(device), latent
 
 
@@ -206,6 +217,9 @@ def video_row(args, name: str) -> dict:
 
     row = {"row": name, "format": spec["format"], "tokens": tokens(latent), "dims": spec["dims"],
            "blocks": spec["blocks"]}
+    if spec["format"].startswith("gguf"):
+        from gpu_matrix_gguf import quantized_weights
+        row["quantized_weights"] = quantized_weights(model)
     with torch.no_grad():
         ref = forward().float()
         clock.peak_reset()
@@ -219,12 +233,21 @@ def video_row(args, name: str) -> dict:
         row.update(verdict_fields(cm))
         row["pack_peak_gb"] = clock.peak_gb()
         row["pack_rel_l2"] = rel_l2(pack().float(), ref)
-        core = core_call(model, x, t, ctx, args.backend)
-        row["core_compile_s"] = round(first_call(clock, core), 2)
-        row["core_ms"] = clock.steps(core)
-        row["core_rel_l2"] = rel_l2(core().float(), ref)
-    row["floor_ms"] = floor_ms(args, row, spec)
+        row.update(core_fields(model, (x, t, ctx), ref, clock, args.backend))
+    row["floor_ms"] = None if spec.get("image") else floor_ms(args, row, spec)
     return row
+
+
+def core_fields(model, xtc, ref, clock, backend) -> dict:
+    """Core's ``torch.compile(model)``: compile s, steady ms, rel L2; where it fails, why."""
+    try:
+        core = core_call(model, *xtc, backend)
+        out = {"core_compile_s": round(first_call(clock, core), 2)}
+        out["core_ms"] = clock.steps(core)
+        out["core_rel_l2"] = rel_l2(core().float(), ref)
+        return out
+    except Exception as exc:  # noqa: BLE001 - the row keeps its eager and pack figures
+        return {"core_error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
 
 
 def restart_row(args, name: str, which: str) -> float:
@@ -448,7 +471,7 @@ def worker(args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default=",".join(("A1", "B", "F", "P")), help=f"of {', '.join(BUILT)}")
+    ap.add_argument("--rows", default=",".join(("A1", "B", "F", "G8", "P")), help=f"of {', '.join(BUILT)}")
     ap.add_argument("--tiny", action="store_true", help="toy dims and latent (a dry run of the code)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")

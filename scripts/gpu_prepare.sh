@@ -4,6 +4,7 @@
 # bundle that lets the checks run on a CUDA machine with no package index:
 #   .gpu/wheels/          scripts/gpu_requirements.txt as Python 3.12 manylinux wheels
 #   .gpu/kitchen/         comfy-kitchen's Python code (without its native libraries, 58 MB)
+#   .gpu/ComfyUI-GGUF/    ComfyUI-GGUF's code, for the GPU matrix's GGUF rows (gguf: a wheel above)
 #   .gpu/comfyui-0.33.0/  the default test host without its tests, caches and examples, with a
 #                         tcs_host.json whose front_end_root is a stub page (no frontend wheel)
 # Then copy the repository with .gpu to the CUDA machine and run, from its root:
@@ -63,7 +64,8 @@ cfg = json.loads((src / "tcs_host.json").read_text()) if (src / "tcs_host.json")
 cfg.update(front_end_root=stub.name, gpu_copy=True)  # (the server runs in the host folder)
 (dst / "tcs_host.json").write_text(json.dumps(cfg, indent=1) + "\n")
 PY
-du -sh .gpu/wheels .gpu/kitchen .gpu/comfyui-0.33.0
+cp -r .host/ComfyUI-GGUF .gpu/ComfyUI-GGUF && rm -rf .gpu/ComfyUI-GGUF/tools
+du -sh .gpu/wheels .gpu/kitchen .gpu/comfyui-0.33.0 .gpu/ComfyUI-GGUF
 total=$(( $(du -sb .gpu | cut -f1) + $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) ))
 echo "[gpu_prepare] the repository with .gpu: about $((total / 1048576)) MiB (limit 62)"
 [ $total -lt $((62 * 1048576)) ] || { echo "[gpu_prepare] the bundle is too large" >&2; exit 1; }

@@ -22,7 +22,7 @@ def test_every_built_row_runs_eager_pack_and_core_and_writes_its_row(tmp_path):
     data = json.loads((tmp_path / "gpu_matrix.json").read_text())
     assert {"card", "torch", "date", "command", "rows"} <= set(data) and data["tiny"] is True
     rows = {r["row"]: r for r in data["rows"]}
-    assert set(rows) == {"A1", "B", "F", "P"}, rows
+    assert set(rows) == {"A1", "B", "F", "G8", "P"}, rows
     for r in rows.values():
         assert SCHEMA <= set(r) and not r.get("error"), r
     assert rows["A1"]["sdpa_rate"] > 0 and rows["A1"]["gemm_rate"] > 0
@@ -33,8 +33,13 @@ def test_every_built_row_runs_eager_pack_and_core_and_writes_its_row(tmp_path):
         assert r["pack_rel_l2"] < 1e-3 and r["core_rel_l2"] < 1e-3 and not r["pack_failed"], r
         assert r["format"] == "bf16" and r["tokens"] == 32
         assert r["pack_verdict"] is None  # made on CUDA only
+    g8 = rows["G8"]  # GGUF Q8_0 through ComfyUI-GGUF's ops, image size
+    assert g8["format"] == "gguf_q8_0" and g8["tokens"] == 16 and g8["floor_ms"] is None, g8
+    assert all(g8[k] > 0 for k in ("eager_ms", "pack_ms", "pack_compile_s")), g8
+    assert g8["pack_rel_l2"] < 1e-3 and not g8["pack_failed"] and g8["quantized_weights"] >= 8, g8
+    assert g8.get("core_ms") or g8.get("core_error"), g8
     assert rows["B"]["pack_restart_s"] > 0 and rows["B"]["core_restart_s"] > 0
     for variant in ("eager", "pack", "core"):
         assert rows["P"]["classes"][variant]["gemm"] > 0, rows["P"]
-    assert {"G8", "L", "D"} <= set(data["not_built"])
+    assert {"L", "D"} <= set(data["not_built"]) and "G8" not in data["not_built"]
     assert "| B | bf16 | 32 |" in Path(tmp_path / "gpu_matrix.md").read_text()
