@@ -14,6 +14,10 @@ Rows built so far (tier A of the plan; the others are named in the results as no
 - ``B``: bf16, WAN 2.1 1.3B dims, 4 blocks, latent 21x60x104 (32,760 tokens), with the pack's
   and core's first call in a fresh process on the same caches (restart s);
 - ``F``: bf16, WAN 14B dims (5120 / 13824, 40 heads), 1 block, the same latent;
+- ``C1``, ``C2``: fp8_e4m3fn Linear weights and biases (as an fp8 checkpoint loads), 14B dims,
+  1 block, video size: ``C1`` cast to bf16 in each layer's forward (``comfy.ops.manual_cast``,
+  what ComfyUI runs without fp8 compute), ``C2`` through ``comfy.ops.fp8_ops`` (``--fast
+  fp8_matrix_mult``: fp8 matmuls where the GPU has them, sm 8.9+; else its manual cast);
 - ``G8``: GGUF Q8_0 through ComfyUI-GGUF's ops (``gpu_matrix_gguf``), 14B dims, 1 block, image
   size (latent 1x60x104, 1,560 tokens); no floor yet (an image row's is bytes moved over the
   copy bandwidth, not measured);
@@ -24,7 +28,7 @@ Rows built so far (tier A of the plan; the others are named in the results as no
 - ``P``: row B's three variants profiled (``torch.profiler``), one step each, by kernel class:
   attention, GEMM, Triton, other, and the gaps between kernels.
 
-    python benchmarks/gpu_matrix.py                       # rows A1,B,F,G8,P on CUDA
+    python benchmarks/gpu_matrix.py                       # rows A1,B,F,C1,C2,G8,P on CUDA
     python benchmarks/gpu_matrix.py --tiny --device cpu   # every row at toy dims (CI runs this)
 
 Writes ``gpu_matrix.json`` and ``.md`` into ``--out-dir`` (default ``benchmarks/results``)
@@ -56,16 +60,18 @@ VIDEO, TINY_LATENT = (21, 60, 104), (2, 8, 8)
 IMAGE, TINY_IMAGE = (1, 60, 104), (1, 8, 8)
 ROWS = {"B": {"dims": "1.3B", "blocks": 4, "format": "bf16", "restart": True},
         "F": {"dims": "14B", "blocks": 1, "format": "bf16", "restart": False},
+        "C1": {"dims": "14B", "blocks": 1, "format": "fp8_manual", "restart": False},
+        "C2": {"dims": "14B", "blocks": 1, "format": "fp8_fast", "restart": False},
         "G8": {"dims": "14B", "blocks": 1, "format": "gguf_q8_0", "restart": False, "image": True}}
-BUILT = ("B", "F", "G8", "A1", "P")
+BUILT = ("B", "F", "C1", "C2", "G8", "A1", "P")
 NOT_BUILT = {"L": "bf16 with a rank-64 LoRA on every Linear, partial load of half the block",
-             "K": "comfy-kitchen's CUDA backend off", "C1": "fp8_e4m3fn manual cast",
-             "C1s": "fp8_scaled", "C2": "--fast fp8_matrix_mult", "G4": "GGUF Q4_K",
+             "K": "comfy-kitchen's CUDA backend off",
+             "C1s": "fp8_scaled", "G4": "GGUF Q4_K (gguf-py cannot write it)",
              "S": "SageAttention", "D": "dynamic VRAM on"}
 ROW_KEYS = ("row", "format", "tokens", "eager_ms", "pack_ms", "core_ms", "floor_ms", "pack_rel_l2",
             "eager_peak_gb", "pack_peak_gb", "pack_compile_s", "core_compile_s", "pack_restart_s",
             "core_restart_s")
-LIMITS = {"B": 300, "F": 200, "G8": 240, "A1": 60, "P": 120}
+LIMITS = {"B": 300, "F": 200, "C1": 200, "C2": 200, "G8": 240, "A1": 60, "P": 120}
 
 
 # --------------------------------------------------------------------------- the model
@@ -84,13 +90,29 @@ def build(dims: str, blocks: int, device, dtype, tiny: bool, fmt: str = "bf16"):
     def wan(operations, on=device):
         return WanModel(model_type="t2v", num_layers=blocks, in_dim=16, out_dim=16, text_dim=text["text_dim"],
                         device=on, dtype=dtype, operations=operations, **DIMS[dims])
-    m = wan(comfy.ops.disable_weight_init, "cpu" if fmt.startswith("gguf") else device)
+    ops = {"fp8_manual": comfy.ops.manual_cast, "fp8_fast": comfy.ops.fp8_ops}.get(fmt, comfy.ops.disable_weight_init)
+    m = wan(ops, "cpu" if fmt.startswith("gguf") else device)
     sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
     randomise(m, seed=0)
+    if fmt.startswith("fp8"):
+        return to_fp8(m).eval()
     if fmt.startswith("gguf"):
         from gpu_matrix_gguf import gguf_model
         return gguf_model(lambda ops: wan(ops, "cpu"), m, fmt, device)
     return m.eval()
+
+
+def to_fp8(model):
+    """Every Linear's weight and bias in float8_e4m3fn, as an fp8_e4m3fn checkpoint loads them
+    (its layers cast them to the input's dtype in their forward)."""
+    import torch
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            for name in ("weight", "bias"):
+                p = getattr(m, name)
+                if p is not None:
+                    setattr(m, name, torch.nn.Parameter(p.data.to(torch.float8_e4m3fn), requires_grad=False))
+    return model
 
 
 def _host() -> Path:
@@ -220,6 +242,8 @@ def video_row(args, name: str) -> dict:
     if spec["format"].startswith("gguf"):
         from gpu_matrix_gguf import quantized_weights
         row["quantized_weights"] = quantized_weights(model)
+    if spec["format"].startswith("fp8"):
+        row["fp8_weights"] = sum(p.dtype == torch.float8_e4m3fn for p in model.parameters() if p.ndim == 2)
     with torch.no_grad():
         ref = forward().float()
         clock.peak_reset()
@@ -471,7 +495,7 @@ def worker(args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default=",".join(("A1", "B", "F", "G8", "P")), help=f"of {', '.join(BUILT)}")
+    ap.add_argument("--rows", default=",".join(("A1", "B", "F", "C1", "C2", "G8", "P")), help=f"of {', '.join(BUILT)}")
     ap.add_argument("--tiny", action="store_true", help="toy dims and latent (a dry run of the code)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")

@@ -22,7 +22,7 @@ def test_every_built_row_runs_eager_pack_and_core_and_writes_its_row(tmp_path):
     data = json.loads((tmp_path / "gpu_matrix.json").read_text())
     assert {"card", "torch", "date", "command", "rows"} <= set(data) and data["tiny"] is True
     rows = {r["row"]: r for r in data["rows"]}
-    assert set(rows) == {"A1", "B", "F", "G8", "P"}, rows
+    assert set(rows) == {"A1", "B", "F", "C1", "C2", "G8", "P"}, rows
     for r in rows.values():
         assert SCHEMA <= set(r) and not r.get("error"), r
     assert rows["A1"]["sdpa_rate"] > 0 and rows["A1"]["gemm_rate"] > 0
@@ -33,6 +33,12 @@ def test_every_built_row_runs_eager_pack_and_core_and_writes_its_row(tmp_path):
         assert r["pack_rel_l2"] < 1e-3 and r["core_rel_l2"] < 1e-3 and not r["pack_failed"], r
         assert r["format"] == "bf16" and r["tokens"] == 32
         assert r["pack_verdict"] is None  # made on CUDA only
+    for name, fmt in (("C1", "fp8_manual"), ("C2", "fp8_fast")):  # fp8_e4m3fn Linear weights
+        r = rows[name]
+        assert r["format"] == fmt and r["tokens"] == 32 and r["fp8_weights"] >= 10, r
+        assert all(r[k] > 0 for k in ("eager_ms", "pack_ms", "pack_compile_s")), r
+        assert r["pack_rel_l2"] < 1e-2 and not r["pack_failed"], r
+        assert r.get("core_ms") or r.get("core_error"), r
     g8 = rows["G8"]  # GGUF Q8_0 through ComfyUI-GGUF's ops, image size
     assert g8["format"] == "gguf_q8_0" and g8["tokens"] == 16 and g8["floor_ms"] is None, g8
     assert all(g8[k] > 0 for k in ("eager_ms", "pack_ms", "pack_compile_s")), g8
