@@ -29,6 +29,7 @@ Rows built so far (tier A of the plan; the others are named in the results as no
   attention, GEMM, Triton, other, and the gaps between kernels.
 
     python benchmarks/gpu_matrix.py                       # rows A1,B,F,C1,C2,G8,P on CUDA
+    python benchmarks/gpu_matrix.py --rows C1,C2,G8 --append   # a second call: the rows added
     python benchmarks/gpu_matrix.py --tiny --device cpu   # every row at toy dims (CI runs this)
 
 Writes ``gpu_matrix.json`` and ``.md`` into ``--out-dir`` (default ``benchmarks/results``)
@@ -502,6 +503,8 @@ def main() -> int:
     ap.add_argument("--backend", default="", help="only for a dry run: another backend than the node's")
     ap.add_argument("--swap-limit", type=float, default=240.0, help="seconds to wait for the background compile")
     ap.add_argument("--out-dir", default=str(REPO_ROOT / "benchmarks" / "results"))
+    ap.add_argument("--append", action="store_true",
+                    help="keep the other rows of the results in --out-dir (a second call for the rest of the rows)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -512,8 +515,9 @@ def main() -> int:
         print("gpu_matrix: CUDA is not available here; nothing was measured or written (--device cpu "
               "--tiny runs the code at toy dims).")
         return 0
-    env, rows = environment(argparse.Namespace(device=args.device)), []
+    env = environment(argparse.Namespace(device=args.device))
     names = [n for n in args.rows.split(",") if n]
+    rows = [r for n, r in _read_rows(args).items() if n not in names] if args.append else []
     bad = set(names) - set(BUILT)
     if bad:
         ap.error(f"rows {sorted(bad)} are not built (built: {', '.join(BUILT)})")
