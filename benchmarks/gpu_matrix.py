@@ -15,9 +15,9 @@ Rows built so far (tier A of the plan; the others are named in the results as no
   and core's first call in a fresh process on the same caches (restart s);
 - ``F``: bf16, WAN 14B dims (5120 / 13824, 40 heads), 1 block, the same latent;
 - ``C1``, ``C2``: fp8_e4m3fn Linear weights and biases (as an fp8 checkpoint loads), 14B dims,
-  1 block, video size: ``C1`` cast to bf16 in each layer's forward (``comfy.ops.manual_cast``,
-  what ComfyUI runs without fp8 compute), ``C2`` through ``comfy.ops.fp8_ops`` (``--fast
-  fp8_matrix_mult``: fp8 matmuls where the GPU has them, sm 8.9+; else its manual cast);
+  1 block: ``C1`` at video size, cast to bf16 in each layer's forward (``comfy.ops.manual_cast``,
+  what ComfyUI runs without fp8 compute); ``C2`` at image size, through ``comfy.ops.fp8_ops``
+  (``--fast fp8_matrix_mult``: fp8 matmuls where the GPU has them, sm 8.9+; else its manual cast);
 - ``G8``: GGUF Q8_0 through ComfyUI-GGUF's ops (``gpu_matrix_gguf``), 14B dims, 1 block, image
   size (latent 1x60x104, 1,560 tokens); no floor yet (an image row's is bytes moved over the
   copy bandwidth, not measured);
@@ -62,7 +62,7 @@ IMAGE, TINY_IMAGE = (1, 60, 104), (1, 8, 8)
 ROWS = {"B": {"dims": "1.3B", "blocks": 4, "format": "bf16", "restart": True},
         "F": {"dims": "14B", "blocks": 1, "format": "bf16", "restart": False},
         "C1": {"dims": "14B", "blocks": 1, "format": "fp8_manual", "restart": False},
-        "C2": {"dims": "14B", "blocks": 1, "format": "fp8_fast", "restart": False},
+        "C2": {"dims": "14B", "blocks": 1, "format": "fp8_fast", "restart": False, "image": True},
         "G8": {"dims": "14B", "blocks": 1, "format": "gguf_q8_0", "restart": False, "image": True}}
 BUILT = ("B", "F", "C1", "C2", "G8", "A1", "P")
 NOT_BUILT = {"L": "bf16 with a rank-64 LoRA on every Linear, partial load of half the block",
