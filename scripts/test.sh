@@ -25,7 +25,7 @@
 #     The rest of tests/host (input validation, fallbacks, LoRA/offload, shape policy, cancel,
 #     attention override, diagnostics, fleet, ...) exercises the pack's own logic, which step 1
 #     covers; it ran on 0.3.75 too (~20 min) until the older-torch job needed the time (CI:
-#     2 cores, kept under 60 minutes). TCS_SECOND_HOST_TESTS="tests/host tests/browser" runs it.
+#     2 cores, aiming at 20 minutes). TCS_SECOND_HOST_TESTS="tests/host tests/browser" runs it.
 # Each pytest run uses two worker processes (pytest-xdist, a test file per worker at a time, so a
 # file's module-scoped servers start once): a test spends most of its time in one thread (dynamo's
 # trace, a server starting), so two workers keep both cores of a CI machine busy. Files go out in
