@@ -137,9 +137,11 @@ class _Block(nn.Module):
         return self.lin(x).relu()
 
 
-def test_two_compiles_with_the_same_settings_share_their_graphs_as_dynamo_does(graph_count):
+def test_two_compiles_with_the_same_settings_share_their_graphs_as_dynamo_does(graph_count, monkeypatch,
+                                                                               tmp_path):
     """What ``compiled_call`` relies on: dynamo keeps graphs per code object, so a second
     ``torch.compile`` of ``_call_impl`` with the same settings runs the first one's graph."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # (torch 2.8 sets it at a first compile)
     fwd = _Block.forward
     cls = type("FreshBlock", (_Block,), {"forward": type(fwd)(fwd.__code__.replace(), fwd.__globals__)})
     block, x = cls(), torch.randn(2, 4)
