@@ -113,6 +113,11 @@ class _Worker:
     def busy(self) -> bool:
         return self._pending > 0
 
+    def first_pending(self) -> Job | None:
+        """The first queued or running job not done yet (one just done may still be listed)."""
+        with self._lock:
+            return next((j for j in self._jobs if not j.done.is_set()), None)
+
     def running(self) -> bool:
         """A job is compiling now (not queued, not waiting for the host)."""
         job = self.current
@@ -199,7 +204,7 @@ def submit(fn: Callable[[], None], label: str, yields: bool = False) -> Job:
 def note_beside(description: str) -> None:
     """Count a model call that runs eagerly beside another model's compile running now, and
     say so at the first (no call beside it is left unsaid)."""
-    job = next((j for j in list(WORKER._jobs) if not j.done.is_set()), None)  # (in queue order)
+    job = WORKER.first_pending()
     if job is None:
         return
     job.beside_calls += 1
