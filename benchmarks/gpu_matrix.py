@@ -254,6 +254,7 @@ def video_row(args, name: str) -> dict:
         clock.peak_reset()
         row["pack_compile_s"] = pack_first(cm, pack, clock, args.swap_limit)
         row["pack_failed"] = cm.entry.failed or None
+        row["pack_graphs"] = cm.entry.graphs  # (0: the pack's steps ran eagerly)
         row["pack_ms"] = clock.steps(pack, warmup=2 + 2 * verdict.PAIRS)  # after the verdict's pairs
         row.update(verdict_fields(cm))
         row["pack_peak_gb"] = clock.peak_gb()

@@ -31,18 +31,20 @@ def test_every_built_row_runs_eager_pack_and_core_and_writes_its_row(tmp_path):
         assert all(r[k] > 0 for k in ("eager_ms", "pack_ms", "core_ms", "floor_ms", "pack_compile_s",
                                       "core_compile_s")), r
         assert r["pack_rel_l2"] < 1e-3 and r["core_rel_l2"] < 1e-3 and not r["pack_failed"], r
+        assert r["pack_graphs"] >= 1, r  # compiled, not eager
         assert r["format"] == "bf16" and r["tokens"] == 32
         assert r["pack_verdict"] is None  # made on CUDA only
     for name, fmt, n in (("C1", "fp8_manual", 32), ("C2", "fp8_fast", 16)):  # fp8_e4m3fn Linear weights
         r = rows[name]
         assert r["format"] == fmt and r["tokens"] == n and r["fp8_weights"] >= 10, r
         assert all(r[k] > 0 for k in ("eager_ms", "pack_ms", "pack_compile_s")), r
-        assert r["pack_rel_l2"] < 1e-2 and not r["pack_failed"], r
+        assert r["pack_rel_l2"] < 1e-2 and not r["pack_failed"] and r["pack_graphs"] >= 1, r
         assert r.get("core_ms") or r.get("core_error"), r
     g8 = rows["G8"]  # GGUF Q8_0 through ComfyUI-GGUF's ops, image size
     assert g8["format"] == "gguf_q8_0" and g8["tokens"] == 16 and g8["floor_ms"] is None, g8
     assert all(g8[k] > 0 for k in ("eager_ms", "pack_ms", "pack_compile_s")), g8
     assert g8["pack_rel_l2"] < 1e-3 and not g8["pack_failed"] and g8["quantized_weights"] >= 8, g8
+    assert g8["pack_graphs"] >= 1, g8
     assert g8.get("core_ms") or g8.get("core_error"), g8
     assert rows["B"]["pack_restart_s"] > 0 and rows["B"]["core_restart_s"] > 0
     for variant in ("eager", "pack", "core"):
