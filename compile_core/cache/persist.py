@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..report import log
-from ..torch_support import hooks, longpaths
+from ..torch_support import longpaths
 
 ROOT_ENV = "TORCH_COMPILE_SPEED_CACHE_DIR"       # operator: where the persistent cache lives
 MAX_GB_ENV = "TORCH_COMPILE_SPEED_CACHE_MAX_GB"  # operator: size bound (default below)
@@ -35,7 +35,6 @@ META = "meta.json"
 ENTRY_CHARS = 16
 INDUCTOR_SUBDIR = "inductor"
 TRITON_SUBDIR = "t"
-HEADERS_SUBDIR = ".pch"  # torch's precompiled C++ headers: per machine, not an entry (dot)
 WRITING_GRACE_S = 60.0  # a .so younger than this may still be being written by another process
 
 
@@ -139,19 +138,6 @@ class PersistentCache:
 
     def inductor_dir(self, fingerprint: str) -> Path:
         return self.entry_dir(fingerprint) / INDUCTOR_SUBDIR
-
-    def header_dir(self) -> str:
-        """Where inductor's precompiled C++ headers go during our CPU runs: built once per
-        compiler and flags and kept with the cache, so a restart in a new container (empty
-        TMPDIR) does not rebuild them. Not counted by ``evict`` (one file per compiler and flags).
-        The first time in a process, headers torch already built in its own folder are hard-linked
-        in (same file system only), so a cache folder does not build its own copy on a machine
-        that has one."""
-        ours = self.root / HEADERS_SUBDIR
-        if ours not in _SEEDED:
-            _SEEDED.add(ours)
-            _seed_headers(ours, hooks.precompiled_header_dir_now())
-        return str(ours)
 
     def env(self, fingerprint: str) -> dict[str, str]:
         """The run's env; the first time in this process an entry is used, a damaged one is
@@ -275,25 +261,3 @@ def _sized(entry: Path) -> tuple[float, Path, int] | None:
         return entry.stat().st_mtime, entry, dir_size(entry)
     except OSError:
         return None
-
-
-_SEEDED: set[Path] = set()
-
-
-def _seed_headers(ours: Path, theirs: str | None) -> None:
-    """Hard-link torch's built headers into ``ours`` when it holds none; best effort."""
-    try:
-        if not theirs or any(ours.glob("*.gch")):
-            return
-        built = [p for p in Path(theirs).glob("*.h*") if p.is_file()]
-        if not built or any(time.time() - p.stat().st_mtime < WRITING_GRACE_S for p in built):
-            return  # none, or torch may still be writing one
-        ours.mkdir(parents=True, exist_ok=True)
-        for src in built:
-            dst = ours / src.name
-            tmp = ours / f".{src.name}.{os.getpid()}"
-            os.link(src, tmp)  # another file system: nothing is linked (no 150 MB copies)
-            os.replace(tmp, dst)
-    except OSError as exc:  # e.g. another file system: torch builds them there once instead
-        log.info_once(f"pch:{ours}", "torch's precompiled C++ headers not linked into %s (%s: %s); "
-                      "inductor builds them there once", ours, type(exc).__name__, exc)

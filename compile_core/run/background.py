@@ -35,7 +35,6 @@ from torch import nn
 
 from . import fallback
 from ..report import log
-from ..torch_support import compile_threads
 
 IDLE_WAIT_S = 120.0  # s: the longest a CPU model's compile waits for the host to be idle
 POLL_S = 0.05  # s between the questions while it waits
@@ -144,7 +143,7 @@ class _Worker:
         return time.monotonic() - start
 
     def _loop(self) -> None:
-        # a thread that lives as long as the process (a CPU model's job: see ``_in_own_thread``)
+        # a thread that lives as long as the process: every job runs on it
         while True:
             job = self._queue.get()
             self.current = job
@@ -152,7 +151,7 @@ class _Worker:
                 job.waited_s = self._start_when_idle(job.label)
             job.started.set()
             try:
-                _in_own_thread(job._run, job.label) if job.yields else job._run()
+                job._run()
             finally:
                 self.current = None
                 with self._idle:
@@ -160,22 +159,6 @@ class _Worker:
                     self._jobs.remove(job)
                     self._idle.notify_all()
                 job = None  # (not held while the loop waits for the next one)
-
-
-def _in_own_thread(fn: Callable[[], None], label: str) -> None:
-    """Run a CPU model's job in a thread that ends with it. The compile runs its graphs once on
-    the captured inputs, and their OpenMP loops give the running thread a team of threads of
-    its own, which lives as long as the thread: with a second team alive the OpenMP runtime
-    has more threads than cores and stops spinning between parallel loops, so every later
-    compiled step is slower (the tiny WAN's compiled step on 2 cores: 41 ms after a compile on
-    the long-lived worker, 28 ms after one in the foreground; ``background_cpu``). Where a
-    thread that compiled must not end (``compile_threads``), the job runs on the worker."""
-    if not compile_threads.after_a_thread_ends():
-        fn()
-        return
-    thread = threading.Thread(target=fn, name=f"tcs-compile {label}"[:60], daemon=True)
-    thread.start()
-    thread.join()
 
 
 WORKER = _Worker()

@@ -71,10 +71,9 @@ class ModelState:
         if got is None:
             ptx = warmup.ptx_env(self.settings.experimental_ptx, on_cuda, self.ptx_cache_dir)
             env = {**(self.persistent.env(self.fingerprint) if self.persistent else {}), **ptx}
-            headers = self.persistent.header_dir() if self.persistent and not on_cuda and env else None
             knobs = knobs_for(self.settings, on_cuda)
             knobs["dynamo"].update(FAMILY_DYNAMO_KNOBS.get(self.plan.family, {}))
-            got = (scoped.Scope(**knobs, env=env, headers=headers), ptx)
+            got = (scoped.Scope(**knobs, env=env), ptx)
             if env or not self.persistent:
                 self.scopes[on_cuda] = got
         return got

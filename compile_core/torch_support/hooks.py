@@ -1,41 +1,11 @@
-"""Hooks into inductor's process-wide state that a compile of the pack runs under: where
-inductor builds its precompiled C++ headers, header precompiling off while built kernels load,
-and the one-time fx trace run before a background compile starts. Each leaves things as it
-found them.
+"""Hooks into inductor's process-wide state that a compile of the pack runs under: header
+precompiling off while a saved region's kernels are built and loaded, and the one-time fx trace
+run before a background compile starts. Each leaves things as it found them.
 """
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from typing import Iterator
-
-
-_HEADER_ATTRS = ("_HEADER_DIR", "_HEADER_LOCK_DIR")
-
-
-@contextlib.contextmanager
-def precompiled_header_dir(path: str | None) -> Iterator[None]:
-    """Inside the block, inductor builds its precompiled C++ headers under ``path``. torch puts
-    them under TMPDIR (``codecache._HEADER_DIR``, fixed at import, outside
-    ``TORCHINDUCTOR_CACHE_DIR``) and builds them before it looks for a cached kernel, so a new
-    container rebuilt a 150 MB header (tens of seconds) on a full cache hit. Nothing changes
-    where this torch keeps no such directory."""
-    codecache = sys.modules.get("torch._inductor.codecache") if path else None
-    if codecache is None and path:
-        try:
-            import torch._inductor.codecache as codecache
-        except ImportError:
-            codecache = None
-    if codecache is None or not all(isinstance(getattr(codecache, n, None), str) for n in _HEADER_ATTRS):
-        yield
-        return
-    saved = [getattr(codecache, n) for n in _HEADER_ATTRS]
-    codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = path, os.path.join(path, "locks")
-    try:
-        yield
-    finally:
-        codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = saved
 
 
 @contextlib.contextmanager
@@ -54,11 +24,6 @@ def without_precompiled_header() -> Iterator[None]:
         return
     with inductor_config.patch(cpp_cache_precompile_headers=False):
         yield
-
-
-def precompiled_header_dir_now() -> str | None:
-    """Where inductor builds precompiled headers now (for the leak checks), if it is imported."""
-    return getattr(sys.modules.get("torch._inductor.codecache"), "_HEADER_DIR", None)
 
 
 def warm_fx_tracers() -> None:

@@ -17,7 +17,6 @@ import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
 
 from ..report import log
-from . import hooks
 
 ALWAYS_INDUCTOR = {"freezing": False}
 # Environment variables the pack may set during a run (snapshot() covers them).
@@ -46,24 +45,23 @@ def _known(config_module, knobs: Mapping[str, object], label: str) -> dict:
 def scoped_state(dynamo: Mapping[str, object] | None = None,
                  inductor: Mapping[str, object] | None = None,
                  env: Mapping[str, str] | None = None,
-                 fx: Mapping[str, object] | None = None, headers: str | None = None) -> "_Active":
-    """Apply dynamo/inductor/fx knobs and env vars (and, with ``headers``, the folder of
-    inductor's precompiled C++ headers) inside the block; restore all of them after."""
-    return Scope(dynamo, inductor, env, fx, headers).active()
+                 fx: Mapping[str, object] | None = None) -> "_Active":
+    """Apply dynamo/inductor/fx knobs and env vars inside the block; restore all of them after."""
+    return Scope(dynamo, inductor, env, fx).active()
 
 
 class Scope:
     """``scoped_state``'s arguments worked out once: the knobs this torch has (one warning
-    for each it lacks), the environment, the header folder. A model's scope is entered on
+    for each it lacks) and the environment. A model's scope is entered on
     every model call (``active``), and working these out each time cost about a fifth of
     the scope's time. Holds no per-entry state, so threads may enter one scope at once."""
 
-    __slots__ = ("knobs", "env", "env_keys", "headers")
+    __slots__ = ("knobs", "env", "env_keys")
 
     def __init__(self, dynamo: Mapping[str, object] | None = None,
                  inductor: Mapping[str, object] | None = None,
                  env: Mapping[str, str] | None = None,
-                 fx: Mapping[str, object] | None = None, headers: str | None = None):
+                 fx: Mapping[str, object] | None = None):
         self.knobs = tuple((module, name, value) for module, values in (
             (dynamo_config, _known(dynamo_config, dynamo or {}, "torch._dynamo.config")),
             (fx_config, _known(fx_config, fx or {}, "torch.fx.experimental._config")),
@@ -73,7 +71,6 @@ class Scope:
         # torch itself sets the cache-dir variables when they are unset (inductor's cache_dir(),
         # Triton's autotuner), so they are restored even when this scope does not set them
         self.env_keys = tuple({*self.env, *_CACHE_DIR_VARS})
-        self.headers = headers
 
     def active(self) -> "_Active":
         """A context manager that applies this scope for one ``with`` block."""
@@ -83,7 +80,7 @@ class Scope:
 class _Active:
     """One entry of a ``Scope``: what it changed, put back on exit (also after an error)."""
 
-    __slots__ = ("scope", "saved_env", "moves_cache", "prior", "headers")
+    __slots__ = ("scope", "saved_env", "moves_cache", "prior")
 
     def __init__(self, scope: Scope):
         self.scope = scope
@@ -92,25 +89,18 @@ class _Active:
         scope, environ = self.scope, os.environ
         self.saved_env = saved = {k: environ.get(k) for k in scope.env_keys}
         self.moves_cache = any(saved.get(k) != v for k, v in scope.env.items() if k in _CACHE_DIR_VARS)
-        self.prior, self.headers = [], None
+        self.prior = []
         try:
             environ.update(scope.env)
             if self.moves_cache:
                 _clear_inductor_caches()
             _set_knobs(scope.knobs, self.prior)
-            if scope.headers:
-                self.headers = hooks.precompiled_header_dir(scope.headers)
-                self.headers.__enter__()
         except BaseException:
             self._restore()
             raise
 
     def __exit__(self, *exc) -> bool:
-        try:
-            if self.headers is not None:
-                self.headers.__exit__(*exc)
-        finally:
-            self._restore()
+        self._restore()
         return False
 
     def _restore(self) -> None:
@@ -163,7 +153,6 @@ def snapshot() -> dict:
         "inductor": inductor_config.get_config_copy(),
         "fx": fx_config.get_config_copy(),
         "env": {k: os.environ.get(k) for k in PACK_ENV_VARS},
-        "precompiled_headers": hooks.precompiled_header_dir_now(),
         "tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
                  torch.get_float32_matmul_precision()),
     }

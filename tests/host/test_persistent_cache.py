@@ -29,8 +29,6 @@ def test_restarted_server_hits_persistent_cache(tmp_path, tiny_wan_path):
     assert not pack_lines(startup_logs[1].split("Requested to load")[0]), startup_logs[1][-3000:]
     entries = [p for p in cache_root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert len(entries) == 1 and (entries[0] / "meta.json").is_file()
-    # inductor's precompiled C++ header is kept with the cache (a new container's TMPDIR is empty)
-    assert list((cache_root / ".pch").glob("*.h.gch")), list(cache_root.iterdir())
     assert "persistent cache miss" in logs[0]
     assert "persistent cache hit" in logs[1], logs[1]
     # the first server saved the traced block (compile_core/cache/precompiled.py); the restarted one

@@ -339,29 +339,3 @@ def test_an_unreadable_cache_root_skips_eviction_with_one_warning(tmp_path, monk
     monkeypatch.setattr(Path, "iterdir", _fail(PermissionError(13, "Permission denied")))
     assert cache.evict() == [] and cache.evict() == []
     assert len(pack_log.warnings()) == 1
-
-
-def test_precompiled_headers_are_kept_with_the_cache_and_seeded_from_torchs(tmp_path, monkeypatch):
-    """The header folder lives in the cache root (not counted as an entry); headers torch built
-    earlier in its own folder are linked in once, and a half-written one (too new) is not."""
-    from compile_core.cache import persist
-    from compile_core.torch_support import hooks
-    theirs = tmp_path / "torch_pch"
-    theirs.mkdir()
-    (theirs / "abc.h").write_text("#include <x>\n")
-    (theirs / "abc.h.gch").write_bytes(b"G" * 100)
-    old = time.time() - 3600
-    for p in theirs.iterdir():
-        os.utime(p, (old, old))
-    monkeypatch.setattr(hooks, "precompiled_header_dir_now", lambda: str(theirs))
-    cache = PersistentCache(tmp_path / "cache", max_bytes=MB)
-    ours = Path(cache.header_dir())
-    assert ours == tmp_path / "cache" / ".pch"
-    assert (ours / "abc.h.gch").read_bytes() == b"G" * 100 and (ours / "abc.h").exists()
-    assert cache.entries() == []  # not an entry: eviction leaves it alone
-    fresh = tmp_path / "young"
-    fresh.mkdir()
-    (fresh / "new.h.gch").write_bytes(b"half")
-    monkeypatch.setattr(hooks, "precompiled_header_dir_now", lambda: str(fresh))
-    other = PersistentCache(tmp_path / "other", max_bytes=MB)
-    assert not list(Path(other.header_dir()).glob("*.gch"))

@@ -206,17 +206,3 @@ def test_graph_break_trace_restores_the_cache_dir_torch_sets_during_it(monkeypat
     monkeypatch.setattr(graph_breaks, "_break_counts", counts_and_set_env)
     assert graph_breaks.find_graph_breaks(torch.nn.Linear(4, 4), (torch.randn(2, 4),), {}) == []
     assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
-
-
-def test_precompiled_headers_go_where_asked_inside_the_scope_only(tmp_path):
-    """Inductor's precompiled C++ headers (torch keeps them under TMPDIR, outside its cache dir)
-    are built in the folder the run names, and torch's own folder is back afterwards."""
-    import torch._inductor.codecache as codecache
-    before = (codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR)
-    with scoped.scoped_state(headers=str(tmp_path / ".pch")):
-        assert codecache._HEADER_DIR == str(tmp_path / ".pch")
-        assert codecache._HEADER_LOCK_DIR == str(tmp_path / ".pch" / "locks")
-    assert (codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR) == before
-    with pytest.raises(RuntimeError), scoped.scoped_state(headers=str(tmp_path / "x")):
-        raise RuntimeError("a failing run")
-    assert (codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR) == before
