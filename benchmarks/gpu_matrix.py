@@ -21,6 +21,10 @@ Rows built so far (tier A of the plan; the others are named in the results as no
 - ``G8``: GGUF Q8_0 through ComfyUI-GGUF's ops (``gpu_matrix_gguf``), 14B dims, 1 block, image
   size (latent 1x60x104, 1,560 tokens); no floor yet (an image row's is bytes moved over the
   copy bandwidth, not measured);
+- ``L``: bf16 with a rank-64 LoRA on every block Linear, 14B dims, 1 block, video size, loaded
+  partially by ComfyUI's ModelPatcher (half the weight bytes on the card; the other layers cast
+  from RAM at each call with their LoRA unmerged, ``gpu_matrix_lora``); the pack's calls go
+  through its weight routing, as the Apply node runs them;
 - ``A1``: the floor: SDPA on the self-attention shape for the flash, cuDNN and efficient
   kernels (``torch.nn.attention.sdpa_kernel``), cuBLAS on the block's GEMM shapes; a video
   row's ``floor_ms`` = its attention FLOPs / the fastest SDPA rate + its GEMM FLOPs / the
@@ -28,8 +32,8 @@ Rows built so far (tier A of the plan; the others are named in the results as no
 - ``P``: row B's three variants profiled (``torch.profiler``), one step each, by kernel class:
   attention, GEMM, Triton, other, and the gaps between kernels.
 
-    python benchmarks/gpu_matrix.py                       # rows A1,B,F,C1,C2,G8,P on CUDA
-    python benchmarks/gpu_matrix.py --rows C1,C2,G8 --append   # a second call: the rows added
+    python benchmarks/gpu_matrix.py                       # rows A1,B,F,L,C1,C2,G8,P on CUDA
+    python benchmarks/gpu_matrix.py --rows L,C1,C2,G8 --append   # a second call: the rows added
     python benchmarks/gpu_matrix.py --tiny --device cpu   # every row at toy dims (CI runs this)
 
 Writes ``gpu_matrix.json`` and ``.md`` into ``--out-dir`` (default ``benchmarks/results``)
@@ -63,23 +67,24 @@ ROWS = {"B": {"dims": "1.3B", "blocks": 4, "format": "bf16", "restart": True},
         "F": {"dims": "14B", "blocks": 1, "format": "bf16", "restart": False},
         "C1": {"dims": "14B", "blocks": 1, "format": "fp8_manual", "restart": False},
         "C2": {"dims": "14B", "blocks": 1, "format": "fp8_fast", "restart": False, "image": True},
-        "G8": {"dims": "14B", "blocks": 1, "format": "gguf_q8_0", "restart": False, "image": True}}
-BUILT = ("B", "F", "C1", "C2", "G8", "A1", "P")
-NOT_BUILT = {"L": "bf16 with a rank-64 LoRA on every Linear, partial load of half the block",
-             "K": "comfy-kitchen's CUDA backend off",
+        "G8": {"dims": "14B", "blocks": 1, "format": "gguf_q8_0", "restart": False, "image": True},
+        "L": {"dims": "14B", "blocks": 1, "format": "bf16_lora", "restart": False}}
+BUILT = ("B", "F", "C1", "C2", "G8", "L", "A1", "P")
+NOT_BUILT = {"K": "comfy-kitchen's CUDA backend off",
              "C1s": "fp8_scaled", "G4": "GGUF Q4_K (gguf-py cannot write it)",
              "S": "SageAttention", "D": "dynamic VRAM on"}
 ROW_KEYS = ("row", "format", "tokens", "eager_ms", "pack_ms", "core_ms", "floor_ms", "pack_rel_l2",
             "eager_peak_gb", "pack_peak_gb", "pack_compile_s", "core_compile_s", "pack_restart_s",
             "core_restart_s")
-LIMITS = {"B": 300, "F": 200, "C1": 200, "C2": 200, "G8": 240, "A1": 60, "P": 120}
+LIMITS = {"B": 300, "F": 200, "C1": 200, "C2": 200, "G8": 240, "L": 240, "A1": 60, "P": 120}
 
 
 # --------------------------------------------------------------------------- the model
 
 def build(dims: str, blocks: int, device, dtype, tiny: bool, fmt: str = "bf16"):
     """ComfyUI's WanModel (T2V) at ``dims``, random weights (``gpu_wan_bf16.randomise``); a GGUF
-    ``fmt`` quantizes them (``gpu_matrix_gguf``)."""
+    ``fmt`` quantizes them (``gpu_matrix_gguf``), ``bf16_lora`` adds a LoRA and loads the model
+    partially (``gpu_matrix_lora``)."""
     sys.path.insert(0, str(_host()))
     sys.argv = [sys.argv[0], "--use-pytorch-cross-attention"] + (["--cpu"] if str(device) == "cpu" else [])
     import comfy.options
@@ -92,7 +97,7 @@ def build(dims: str, blocks: int, device, dtype, tiny: bool, fmt: str = "bf16"):
         return WanModel(model_type="t2v", num_layers=blocks, in_dim=16, out_dim=16, text_dim=text["text_dim"],
                         device=on, dtype=dtype, operations=operations, **DIMS[dims])
     ops = {"fp8_manual": comfy.ops.manual_cast, "fp8_fast": comfy.ops.fp8_ops}.get(fmt, comfy.ops.disable_weight_init)
-    m = wan(ops, "cpu" if fmt.startswith("gguf") else device)
+    m = wan(ops, "cpu" if fmt.startswith("gguf") or fmt == "bf16_lora" else device)
     sys.path.append(str(REPO_ROOT))  # after ComfyUI: the pack's ``nodes`` must not shadow ComfyUI's
     randomise(m, seed=0)
     if fmt.startswith("fp8"):
@@ -100,6 +105,9 @@ def build(dims: str, blocks: int, device, dtype, tiny: bool, fmt: str = "bf16"):
     if fmt.startswith("gguf"):
         from gpu_matrix_gguf import gguf_model
         return gguf_model(lambda ops: wan(ops, "cpu"), m, fmt, device)
+    if fmt == "bf16_lora":
+        from gpu_matrix_lora import lora_model
+        return lora_model(m.eval(), device)
     return m.eval()
 
 
@@ -168,15 +176,19 @@ class Clock:
         return self.torch.cuda.max_memory_allocated(self.device) / 1024 ** 3 if self.cuda else None
 
 
-def pack_call(model, forward, device, backend):
+def pack_call(model, forward, device, backend, bridge=False):
     """The pack with the settings node's defaults; ``backend`` (a dry run on the CPU only) also
-    compiles in the foreground: a CPU model's background compile waits for an idle server."""
+    compiles in the foreground: a CPU model's background compile waits for an idle server.
+    ``bridge``: each call as the Apply node makes it, weight fetches routed (``gpu_matrix_lora``)."""
     from compile_core.cache.persist import PersistentCache
     from compile_core.plan.settings import CompileSettings, build_compile_args
     from compile_core.run import engine
     settings = CompileSettings.from_args(build_compile_args(
         **({"backend": backend, "mode": "default", "background_compile": False} if backend else {})))
     cm = engine.prepare(model, settings, persistent=PersistentCache.default(""))
+    if bridge:
+        from gpu_matrix_lora import bridge_run
+        return cm, lambda: bridge_run(cm, model, forward, device)
     return cm, lambda: cm.run(model, forward, device)
 
 
@@ -243,6 +255,9 @@ def video_row(args, name: str) -> dict:
     if spec["format"].startswith("gguf"):
         from gpu_matrix_gguf import quantized_weights
         row["quantized_weights"] = quantized_weights(model)
+    if spec["format"] == "bf16_lora":
+        from gpu_matrix_lora import lowvram_patches
+        row["lowvram_patches"] = lowvram_patches(model)  # layers whose LoRA is applied at each call
     if spec["format"].startswith("fp8"):
         row["fp8_weights"] = sum(p.dtype == torch.float8_e4m3fn for p in model.parameters() if p.ndim == 2)
     with torch.no_grad():
@@ -250,7 +265,7 @@ def video_row(args, name: str) -> dict:
         clock.peak_reset()
         row["eager_ms"] = clock.steps(forward)
         row["eager_peak_gb"] = clock.peak_gb()
-        cm, pack = pack_call(model, forward, device, args.backend)
+        cm, pack = pack_call(model, forward, device, args.backend, bridge=spec["format"] == "bf16_lora")
         clock.peak_reset()
         row["pack_compile_s"] = pack_first(cm, pack, clock, args.swap_limit)
         row["pack_failed"] = cm.entry.failed or None
@@ -497,7 +512,7 @@ def worker(args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default=",".join(("A1", "B", "F", "C1", "C2", "G8", "P")), help=f"of {', '.join(BUILT)}")
+    ap.add_argument("--rows", default=",".join(("A1", "B", "F", "L", "C1", "C2", "G8", "P")), help=f"of {', '.join(BUILT)}")
     ap.add_argument("--tiny", action="store_true", help="toy dims and latent (a dry run of the code)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")

@@ -7,7 +7,7 @@
 #                                            GPU tests, a ComfyUI 0.33 server with and without dynamic
 #                                            VRAM, the speed benchmark at the real size; writes
 #                                            gpu_check.json / .md (commit them to benchmarks/results)
-#   bash scripts/gpu_session.sh matrix       the GPU matrix (benchmarks/gpu_matrix.py, rows A1,B,F,C1,C2,G8,P,
+#   bash scripts/gpu_session.sh matrix       the GPU matrix (benchmarks/gpu_matrix.py, rows A1,B,F,L,C1,C2,G8,P,
 #                                            each under its own limit; about 8 minutes): writes
 #                                            gpu_matrix.json / .md (commit them to benchmarks/results)
 #   bash scripts/gpu_session.sh tests        tests/gpu alone

@@ -22,7 +22,7 @@ def test_every_built_row_runs_eager_pack_and_core_and_writes_its_row(tmp_path):
     data = json.loads((tmp_path / "gpu_matrix.json").read_text())
     assert {"card", "torch", "date", "command", "rows"} <= set(data) and data["tiny"] is True
     rows = {r["row"]: r for r in data["rows"]}
-    assert set(rows) == {"A1", "B", "F", "C1", "C2", "G8", "P"}, rows
+    assert set(rows) == {"A1", "B", "F", "L", "C1", "C2", "G8", "P"}, rows
     for r in rows.values():
         assert SCHEMA <= set(r) and not r.get("error"), r
     assert rows["A1"]["sdpa_rate"] > 0 and rows["A1"]["gemm_rate"] > 0
@@ -46,8 +46,13 @@ def test_every_built_row_runs_eager_pack_and_core_and_writes_its_row(tmp_path):
     assert g8["pack_rel_l2"] < 1e-3 and not g8["pack_failed"] and g8["quantized_weights"] >= 8, g8
     assert g8["pack_graphs"] >= 1, g8
     assert g8.get("core_ms") or g8.get("core_error"), g8
+    lora = rows["L"]  # a LoRA on every block Linear, partially loaded: some of it unmerged
+    assert lora["format"] == "bf16_lora" and lora["tokens"] == 32 and lora["lowvram_patches"] >= 1, lora
+    assert all(lora[k] > 0 for k in ("eager_ms", "pack_ms", "pack_compile_s", "floor_ms")), lora
+    assert lora["pack_rel_l2"] < 1e-3 and not lora["pack_failed"] and lora["pack_graphs"] >= 1, lora
+    assert lora.get("core_ms") or lora.get("core_error"), lora
     assert rows["B"]["pack_restart_s"] > 0 and rows["B"]["core_restart_s"] > 0
     for variant in ("eager", "pack", "core"):
         assert rows["P"]["classes"][variant]["gemm"] > 0, rows["P"]
-    assert {"L", "D"} <= set(data["not_built"]) and "G8" not in data["not_built"]
+    assert {"K", "D"} <= set(data["not_built"]) and not {"G8", "L"} & set(data["not_built"])
     assert "| B | bf16 | 32 |" in Path(tmp_path / "gpu_matrix.md").read_text()
